@@ -1,0 +1,785 @@
+#!/usr/bin/python
+# Copyright (c) 2026, Pivot developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+# ruff: noqa: E402  (ansible-doc needs the documentation blocks before the imports)
+
+DOCUMENTATION = r"""
+module: training_stop
+short_description: Stop a training job without losing its work
+version_added: 0.1.0
+description:
+  - Finds a training job exactly (by pidfile, systemd unit or exact command-line elements) and discovers all of its
+    processes, including launcher, torchrun-style agent, workers that run in their own sessions, their children, and
+    processes that were re-parented to PID 1 or a subreaper.
+  - Optionally requests a checkpoint (by signal or trigger file) and waits until a checkpoint newer than the request is
+    complete on disk. If none lands in time the task fails and the job is left running, unless O(force=true).
+  - Then sends SIGTERM to every process of the job (and to every process group a job process leads), waits
+    O(grace_period), sends SIGKILL to whatever is left and confirms that nothing of the job remains.
+  - When nothing of the job is running the module succeeds without a change, so a second run after a successful stop
+    reports no change.
+  - Process identities are checked before every signal (PID and start time), so a PID recycled by the kernel is never
+    signalled. PID 1, the module's own process and its ancestors (for example the SSH session) are never signalled.
+  - Zombie processes count as gone; they have exited, hold no memory and only wait for their parent to reap them.
+  - Runs on the target with the Python standard library only; it works over any connection plugin (ssh,
+    C(community.proxmox.proxmox_pct_remote)) and needs root for processes of other users.
+author:
+  - Pivot developers
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports the processes found and the actions it would take; sends no signal and creates no file.
+  diff_mode:
+    support: full
+    details: Shows the job's processes before and the processes left after.
+  platform:
+    platforms: linux
+    details: Reads C(/proc); needs C(systemctl) only with O(unit).
+options:
+  pidfile:
+    description:
+      - File holding the PID of the job's main process (the first line is used).
+      - A missing file, or a PID that is not running, means nothing is running.
+      - Together with O(cmdline_match), the PID must also match those elements, otherwise the pidfile is treated as
+        stale (its PID was recycled).
+      - Mutually exclusive with O(unit).
+    type: path
+  unit:
+    description:
+      - Systemd unit running the job. Every process in the unit's control group is part of the job (cgroup v2 and the
+        v1 C(name=systemd) hierarchy are both understood).
+      - The stop phase runs C(systemctl stop) so that the unit's C(Restart=) setting does not start the job again,
+        then signals whatever of the job is still alive outside the unit.
+      - Mutually exclusive with O(pidfile) and O(cmdline_match).
+    type: str
+  cmdline_match:
+    description:
+      - Command-line elements that must each equal one element of a process's argv exactly, for example the script
+        path as the launcher passed it (V(/root/train/run.sh)) or a unique flag value. There is no substring or
+        pattern matching.
+      - Matching processes that descend from another matching process belong to the same job tree; the number of
+        separate trees is limited by O(max_roots).
+      - With O(pidfile), only guards the pidfile against a recycled PID.
+    type: list
+    elements: str
+  match_env:
+    description:
+      - Environment variables that identify the job's processes wherever they are in the process tree, read from
+        C(/proc/<pid>/environ).
+      - A plain V(NAME) learns the values from processes already known to belong to the job (for example
+        V(TORCHELASTIC_RUN_ID), which torchrun sets in every worker); V(NAME=VALUE) matches a fixed value.
+      - Choose variables whose values are unique to the job; a value shared with unrelated processes would pull them in.
+    type: list
+    elements: str
+    default: []
+  max_roots:
+    description:
+      - How many separate process trees O(cmdline_match) may select. More trees fail the task with a list of the
+        candidates (PID and command line).
+    type: int
+    default: 1
+  checkpoint:
+    description:
+      - Request a checkpoint and wait for it before stopping. Without this option no checkpoint is requested.
+    type: dict
+    suboptions:
+      request:
+        description:
+          - V(signal) sends O(checkpoint.signal) to the processes chosen by O(checkpoint.signal_targets).
+          - V(file) creates O(checkpoint.trigger_file); the trainer is expected to notice it. The module removes the
+            file again at the end if it is still there.
+          - V(none) requests nothing but still waits for a new checkpoint in O(checkpoint.path) when that is set (a
+            trainer that saves periodically).
+        type: str
+        choices: [signal, file, none]
+        default: signal
+      signal:
+        description:
+          - Signal that asks the trainer for a checkpoint.
+        type: str
+        choices: [SIGUSR1, SIGUSR2, SIGHUP, SIGINT, SIGTERM, SIGQUIT, SIGALRM, SIGWINCH]
+        default: SIGUSR1
+      signal_targets:
+        description:
+          - V(catching) sends the signal to every job process that has installed a handler for it (per C(SigCgt) in
+            C(/proc/<pid>/status)). Processes without a handler would be killed by SIGUSR1 and are skipped; the torchrun
+            agent, for example, does not forward SIGUSR1 and has no handler for it. If no process catches the signal
+            the task fails before anything is sent.
+          - V(all) sends it to every job process, handler or not.
+          - V(roots) sends it only to the selected processes (the pidfile PID, the unit's processes, or the roots
+            matched by O(cmdline_match)).
+        type: str
+        choices: [catching, all, roots]
+        default: catching
+      trigger_file:
+        description:
+          - File to create when O(checkpoint.request=file). Its parent directory must exist.
+        type: path
+      path:
+        description:
+          - Directory in which checkpoints appear. Required unless O(checkpoint.request=none).
+        type: path
+      glob:
+        description:
+          - Shell pattern for checkpoint entries (files or directories) inside O(checkpoint.path), for example
+            V(step_*) or V(checkpoint-*). Exclude temporary names the trainer renames from.
+        type: str
+        default: "*"
+      marker:
+        description:
+          - File name inside a checkpoint directory whose presence marks the checkpoint complete.
+          - Without it a checkpoint is complete when its total size is non-zero and unchanged for
+            O(checkpoint.stable_seconds).
+        type: str
+      stable_seconds:
+        description:
+          - How long the size of a new checkpoint must stay unchanged to count as complete (when no marker is set).
+        type: float
+        default: 10
+      step_regex:
+        description:
+          - Regular expression that extracts the step number from a checkpoint name; uses the named group C(step) if
+            present, otherwise the first group. The default takes the last number in the name.
+        type: str
+        default: '(\d+)(?!.*\d)'
+      timeout:
+        description:
+          - Seconds to wait for a new complete checkpoint after the request.
+        type: float
+        default: 600
+  force:
+    description:
+      - Stop the job even if the checkpoint could not be requested or did not land in time. The work since the last
+        checkpoint is lost.
+    type: bool
+    default: false
+  grace_period:
+    description:
+      - Seconds to wait after SIGTERM before sending SIGKILL. torchrun gives its workers 30 seconds after it receives
+        SIGTERM, so keep this above 30 for torchrun jobs.
+    type: float
+    default: 60
+  kill_timeout:
+    description:
+      - Seconds to wait after SIGKILL for the processes to disappear before the task fails listing the survivors.
+    type: float
+    default: 30
+  poll_interval:
+    description:
+      - Seconds between scans of the process table and the checkpoint directory.
+    type: float
+    default: 0.5
+  log_file:
+    description:
+      - Training log; the last step is parsed from its tail and returned as RV(last_step).
+    type: path
+  log_step_regex:
+    description:
+      - Regular expression for the step in a log line; uses the named group C(step) if present, otherwise the first
+        group. The default fits lines such as C([2158m] step=5381 loss=--- ... ETA=7.1d).
+    type: str
+    default: '\bstep=(\d+)'
+  log_tail_bytes:
+    description:
+      - How many bytes from the end of O(log_file) are searched.
+    type: int
+    default: 65536
+notes:
+  - Signal-based checkpoint requests are best effort on the trainer's side; the module therefore never trusts the
+    signal and confirms the checkpoint on disk before it stops anything.
+  - A training job started by hand under C(nohup) shares the session of its shell; the module does not signal that
+    session as a whole, only the job's own processes and the process groups and sessions they lead.
+seealso:
+  - module: pivot.ops.gpu_memory
+  - module: ansible.builtin.wait_for
+"""
+
+EXAMPLES = r"""
+- name: Checkpoint on SIGUSR1, wait for a complete step_* directory, then stop the torchrun job
+  pivot.ops.training_stop:
+    cmdline_match:
+      - /root/train/run.sh
+    match_env:
+      - TORCHELASTIC_RUN_ID
+    checkpoint:
+      request: signal
+      path: /root/train/checkpoints
+      glob: step_*
+      marker: COMPLETE
+      timeout: 900
+    grace_period: 60
+    log_file: /root/train/train.log
+  register: stopped
+
+- name: Show what was stopped
+  ansible.builtin.debug:
+    msg: "Stopped at step {{ stopped.last_step }}, checkpoint {{ stopped.checkpoint.path }}"
+
+- name: Stop a job found through its pidfile, asking for a checkpoint with a trigger file
+  pivot.ops.training_stop:
+    pidfile: /run/train.pid
+    cmdline_match:
+      - train_dflash_pipeline.py
+    checkpoint:
+      request: file
+      trigger_file: /root/train/SAVE_NOW
+      path: /root/train/checkpoints
+      glob: checkpoint-*
+      stable_seconds: 15
+
+- name: Stop a systemd-managed trainer without any checkpoint request
+  pivot.ops.training_stop:
+    unit: trainer.service
+    grace_period: 45
+
+- name: Preview what would be signalled
+  pivot.ops.training_stop:
+    cmdline_match:
+      - train_dflash_pipeline.py
+    max_roots: 1
+  check_mode: true
+  register: preview
+"""
+
+RETURN = r"""
+msg:
+  description: What happened, in one sentence.
+  returned: always
+  type: str
+  sample: Stopped 10 processes after checkpoint step_5400 (step 5400); SIGKILL was not needed.
+pids:
+  description: The job's processes as first discovered.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process ID.
+      type: int
+    ppid:
+      description: Parent process ID.
+      type: int
+    sid:
+      description: Session ID.
+      type: int
+    pgid:
+      description: Process group ID.
+      type: int
+    cmdline:
+      description: Command line, arguments joined with spaces.
+      type: str
+    matched_by:
+      description:
+        - Why the process belongs to the job (V(selected), V(descendant), V(session), V(cgroup), V(environment).
+      type: str
+  sample:
+    - {pid: 4242, ppid: 1, sid: 4242, pgid: 4242, cmdline: "bash /root/train/run.sh", matched_by: selected}
+planned:
+  description: The actions the module would take (check mode) or took, in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["send SIGUSR1 to 8 processes that handle it", "SIGTERM 10 processes, SIGKILL after 60s"]
+checkpoint:
+  description: The checkpoint that was confirmed before the stop; empty when no checkpoint was requested.
+  returned: always
+  type: dict
+  contains:
+    path:
+      description: Path of the checkpoint entry; null when none landed.
+      type: str
+    step:
+      description: Step parsed from the checkpoint name with O(checkpoint.step_regex); null if it has no number.
+      type: int
+    size_bytes:
+      description: Total size of the checkpoint.
+      type: int
+    requested_at:
+      description: UTC time of the request (ISO 8601).
+      type: str
+    completed_at:
+      description: UTC time the checkpoint was confirmed complete (ISO 8601).
+      type: str
+  sample: {path: /root/train/checkpoints/step_5400, step: 5400, size_bytes: 1048576,
+           requested_at: "2026-11-30T15:34:01Z", completed_at: "2026-11-30T15:35:12Z"}
+last_step:
+  description: The last training step found in the tail of O(log_file); null without a log file or a match.
+  returned: always
+  type: int
+  sample: 5381
+last_log_line:
+  description: The log line RV(last_step) was read from.
+  returned: when O(log_file) is set
+  type: str
+  sample: "[2158m] step=5381 loss=--- acc=--- | tgt=0.48b/s dft=0.48b/s (19.5Ktok/s) | ETA=7.1d"
+signals:
+  description: Signals sent, per process, in order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process ID.
+      type: int
+    cmdline:
+      description: Command line.
+      type: str
+    signals:
+      description: Signal names sent to the process.
+      type: list
+      elements: str
+    group_signals:
+      description: Signal names sent to the process group this process leads.
+      type: list
+      elements: str
+  sample: [{pid: 4242, cmdline: "bash run.sh", signals: [SIGTERM], group_signals: [SIGTERM]}]
+sigkill_needed:
+  description: Whether any process of the job had to be killed with SIGKILL (by the module, or by systemd's stop timeout
+    with O(unit)).
+  returned: always
+  type: bool
+  sample: false
+remaining:
+  description: Processes of the job still alive at the end; the task fails if this is not empty.
+  returned: always
+  type: list
+  elements: dict
+  sample: []
+timings:
+  description: Seconds spent per phase (V(discover), V(checkpoint), V(sigterm), V(sigkill), V(total)).
+  returned: always
+  type: dict
+  sample: {discover: 0.05, checkpoint: 42.1, sigterm: 3.2, sigkill: 0.0, total: 45.4}
+candidates:
+  description: The processes involved when the selection was refused (ambiguous match, PID 1, an ancestor).
+  returned: failure
+  type: list
+  elements: dict
+  sample: [{pid: 100, ppid: 1, cmdline: "python3 train.py"}, {pid: 200, ppid: 1, cmdline: "python3 train.py"}]
+"""
+
+import os
+import re
+import signal
+import time
+from datetime import datetime, timezone
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.pivot.ops.plugins.module_utils.checkpoint import (
+    CheckpointSpec,
+    CheckpointWatcher,
+    latest_step_in_log,
+)
+from ansible_collections.pivot.ops.plugins.module_utils.escalation import (
+    Escalator,
+    Signaller,
+    SignalLog,
+    signal_name,
+)
+from ansible_collections.pivot.ops.plugins.module_utils.job import (
+    JobError,
+    JobSpec,
+    JobTracker,
+    UnitState,
+    protected_pids,
+)
+from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, catches_signal
+
+PROC_ROOT = "/proc"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def process_entry(info, reason: str) -> dict:
+    return {
+        "pid": info.pid,
+        "ppid": info.ppid,
+        "sid": info.sid,
+        "pgid": info.pgid,
+        "cmdline": info.command,
+        "matched_by": reason,
+    }
+
+
+def process_lines(processes) -> str:
+    return "".join("%d %s\n" % (info.pid, info.command) for info in processes)
+
+
+def parse_systemctl_show(output: str) -> dict:
+    values = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+class TrainingStop:
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.params = module.params
+        self.proc = ProcFS(PROC_ROOT)
+        self.log = SignalLog()
+        self.signaller = Signaller(self.proc, self.log)
+        self.timings = {}
+        self.result = {
+            "changed": False,
+            "pids": [],
+            "planned": [],
+            "checkpoint": {},
+            "last_step": None,
+            "signals": [],
+            "sigkill_needed": False,
+            "remaining": [],
+            "timings": self.timings,
+        }
+        self.checkpoint_params = self.params["checkpoint"] or {}
+        self.trigger_created = False
+        self.started = time.monotonic()
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    def fail(self, msg: str, **extra) -> None:
+        self.result["signals"] = self.log.as_list()
+        self.timings["total"] = round(time.monotonic() - self.started, 3)
+        self.result.update(extra)
+        self.module.fail_json(msg=msg, **self.result)
+
+    def unit_state(self) -> UnitState | None:
+        name = self.params["unit"]
+        if not name:
+            return None
+        systemctl = self.module.get_bin_path("systemctl", required=False)
+        if not systemctl:
+            self.fail("unit=%s needs systemctl, which is not on this host's PATH; use pidfile or cmdline_match." % name)
+        cmd = [systemctl, "show", "-p", "MainPID", "-p", "ControlGroup", "-p", "ActiveState", "-p", "LoadState", name]
+        rc, out, err = self.module.run_command(cmd)
+        if rc != 0:
+            self.fail("systemctl show %s failed (exit %d): %s" % (name, rc, (err or out).strip()), rc=rc)
+        values = parse_systemctl_show(out)
+        if values.get("LoadState") == "not-found":
+            self.fail("Unit %s does not exist on this host; check the unit name (systemctl list-units)." % name)
+        main_pid = values.get("MainPID", "0")
+        return UnitState(
+            name=name,
+            main_pid=int(main_pid) if main_pid.isdigit() else 0,
+            control_group=values.get("ControlGroup", ""),
+            active_state=values.get("ActiveState", ""),
+        )
+
+    def build_tracker(self) -> JobTracker:
+        spec = JobSpec(
+            pidfile=self.params["pidfile"],
+            unit=self.unit_state(),
+            cmdline_match=self.params["cmdline_match"] or [],
+            match_env=self.params["match_env"],
+            max_roots=self.params["max_roots"],
+        )
+        try:
+            return JobTracker(spec, self.proc, protected_pids(self.proc))
+        except JobError as exc:
+            self.fail(str(exc), candidates=exc.candidates)
+        return None  # unreachable, fail_json exits
+
+    def checkpoint_watcher(self) -> CheckpointWatcher | None:
+        path = self.checkpoint_params.get("path")
+        if not path:
+            return None
+        step_regex = self.checkpoint_params["step_regex"]
+        try:
+            re.compile(step_regex)
+        except re.error as exc:
+            self.fail("checkpoint.step_regex %r is not a valid regular expression: %s" % (step_regex, exc))
+        spec = CheckpointSpec(
+            directory=path,
+            pattern=self.checkpoint_params["glob"],
+            marker=self.checkpoint_params["marker"],
+            stable_seconds=self.checkpoint_params["stable_seconds"],
+            step_regex=step_regex,
+        )
+        return CheckpointWatcher(spec)
+
+    # --- planning -----------------------------------------------------------------------------------------------
+
+    def checkpoint_signal_targets(self, members: dict, tracker: JobTracker) -> list:
+        signum = signal.Signals[self.checkpoint_params["signal"]]
+        targets = self.checkpoint_params["signal_targets"]
+        if targets == "roots":
+            roots = set(tracker.roots())
+            return [info for pid, info in members.items() if pid in roots]
+        if targets == "all":
+            return list(members.values())
+        return [info for pid, info in members.items() if catches_signal(self.proc.signal_masks(pid), signum)]
+
+    def plan(self, members: dict, tracker: JobTracker) -> list:
+        steps = []
+        request = self.checkpoint_params.get("request") if self.checkpoint_params else None
+        if request == "signal":
+            targets = self.checkpoint_signal_targets(members, tracker)
+            if targets:
+                steps.append(
+                    "send %s to %d process(es): %s"
+                    % (self.checkpoint_params["signal"], len(targets), ", ".join(str(info.pid) for info in targets))
+                )
+            else:
+                steps.append(
+                    "no process handles %s: fail without stopping anything%s"
+                    % (self.checkpoint_params["signal"], " (force=true: stop anyway)" if self.params["force"] else "")
+                )
+        elif request == "file":
+            steps.append("create trigger file %s" % self.checkpoint_params["trigger_file"])
+        if self.checkpoint_params.get("path"):
+            steps.append(
+                "wait up to %gs for a new complete checkpoint %s/%s"
+                % (self.checkpoint_params["timeout"], self.checkpoint_params["path"], self.checkpoint_params["glob"])
+            )
+        if self.params["unit"]:
+            steps.append("systemctl stop %s" % self.params["unit"])
+        steps.append(
+            "SIGTERM %d process(es) (and the process groups they lead), SIGKILL survivors after %gs"
+            % (len(members), self.params["grace_period"])
+        )
+        return steps
+
+    # --- phases -------------------------------------------------------------------------------------------------
+
+    def request_checkpoint(self, members: dict, tracker: JobTracker) -> bool:
+        """Send the request; False when it could not be sent and force=true lets the stop go ahead without it."""
+        request = self.checkpoint_params["request"]
+        if request == "signal":
+            signum = signal.Signals[self.checkpoint_params["signal"]]
+            targets = self.checkpoint_signal_targets(members, tracker)
+            if not targets:
+                self.refuse_or_force(
+                    "No process of the job has a handler for %s, so the checkpoint cannot be requested by signal "
+                    "(sending it would kill them). Use checkpoint.request=file, signal_targets=all if the trainer "
+                    "really handles it, or force=true to stop without a checkpoint." % signal_name(signum)
+                )
+                return False
+            for info in targets:
+                self.signaller.send(info, signum)
+            self.result["changed"] = True
+        elif request == "file":
+            trigger = self.checkpoint_params["trigger_file"]
+            try:
+                with open(trigger, "w") as handle:
+                    handle.write("checkpoint requested by pivot.ops.training_stop at %s\n" % utc_now())
+            except OSError as exc:
+                self.refuse_or_force("Cannot create checkpoint trigger file %s: %s." % (trigger, exc))
+                return False
+            self.trigger_created = True
+            self.result["changed"] = True
+        return True
+
+    def refuse_or_force(self, msg: str) -> None:
+        if not self.params["force"]:
+            self.remove_trigger()
+            self.fail(msg + " The job was left running; nothing was stopped.")
+        self.module.warn(msg + " Continuing because force=true.")
+
+    def remove_trigger(self) -> None:
+        trigger = self.checkpoint_params.get("trigger_file")
+        if self.trigger_created and trigger and os.path.exists(trigger):
+            try:
+                os.unlink(trigger)
+            except OSError as exc:
+                self.module.warn("Could not remove checkpoint trigger file %s: %s" % (trigger, exc))
+
+    def checkpoint_phase(self, members: dict, tracker: JobTracker) -> None:
+        started = time.monotonic()
+        watcher = self.checkpoint_watcher()
+        if watcher is not None:
+            watcher.take_baseline()
+        requested_at = utc_now()
+        requested = True
+        if self.checkpoint_params["request"] != "none":
+            requested = self.request_checkpoint(members, tracker)
+        checkpoint = {
+            "path": None,
+            "step": None,
+            "size_bytes": None,
+            "requested_at": requested_at,
+            "completed_at": None,
+        }
+        self.result["checkpoint"] = checkpoint
+        if watcher is not None and requested:
+            found = watcher.wait(self.checkpoint_params["timeout"], self.params["poll_interval"])
+            if found is None:
+                pending = watcher.pending()
+                self.refuse_or_force(
+                    "No new complete checkpoint matching %s/%s appeared within %gs after the request at %s%s."
+                    % (
+                        watcher.spec.directory,
+                        watcher.spec.pattern,
+                        self.checkpoint_params["timeout"],
+                        requested_at,
+                        " (incomplete: %s)" % ", ".join(pending) if pending else "",
+                    )
+                )
+            else:
+                checkpoint.update(path=found.path, step=found.step, size_bytes=found.size, completed_at=utc_now())
+        self.timings["checkpoint"] = round(time.monotonic() - started, 3)
+
+    def systemctl_stop(self) -> None:
+        systemctl = self.module.get_bin_path("systemctl", required=True)
+        name = self.params["unit"]
+        rc, out, err = self.module.run_command([systemctl, "stop", name])
+        if rc != 0:
+            self.fail("systemctl stop %s failed (exit %d): %s" % (name, rc, (err or out).strip()), rc=rc)
+        _rc, show, _err = self.module.run_command([systemctl, "show", "-p", "Result", name])
+        if parse_systemctl_show(show).get("Result") == "timeout":
+            self.result["sigkill_needed"] = True
+
+    def stop_phase(self, tracker: JobTracker) -> None:
+        if self.params["unit"]:
+            started = time.monotonic()
+            self.systemctl_stop()
+            self.timings["systemctl_stop"] = round(time.monotonic() - started, 3)
+        escalator = Escalator(tracker.scan, self.signaller, poll_interval=self.params["poll_interval"])
+        outcome = escalator.run(tracker.scan(), self.params["grace_period"], self.params["kill_timeout"])
+        self.timings.update(outcome.timings)
+        self.result["sigkill_needed"] = self.result["sigkill_needed"] or outcome.sigkill_needed
+        self.result["remaining"] = [
+            process_entry(info, tracker.reasons.get(info.pid, "")) for info in outcome.remaining
+        ]
+        self.result["changed"] = True
+        return outcome
+
+    def read_last_step(self) -> None:
+        log_file = self.params["log_file"]
+        if not log_file:
+            return
+        regex = self.params["log_step_regex"]
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            self.fail("log_step_regex %r is not a valid regular expression: %s" % (regex, exc))
+        try:
+            step, line = latest_step_in_log(log_file, regex, self.params["log_tail_bytes"])
+        except OSError as exc:
+            self.module.warn("Cannot read log_file %s: %s; last_step is unknown." % (log_file, exc))
+            step, line = None, None
+        self.result["last_step"] = step
+        self.result["last_log_line"] = line
+
+    # --- main ---------------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        tracker = self.build_tracker()
+        # Validate regexes before anything is signalled.
+        self.checkpoint_watcher()
+        if self.params["log_file"]:
+            self.read_last_step()
+        try:
+            members = tracker.scan(first=True)
+        except JobError as exc:
+            self.fail(str(exc), candidates=exc.candidates)
+        self.timings["discover"] = round(time.monotonic() - self.started, 3)
+        self.result["pids"] = [process_entry(info, tracker.reasons.get(pid, "")) for pid, info in members.items()]
+        if not members:
+            notes = "; ".join(tracker.notes)
+            self.finish("No process of the job is running%s; nothing to do." % (" (%s)" % notes if notes else ""))
+            return
+        self.result["planned"] = self.plan(members, tracker)
+        if self.module._diff:
+            self.result["diff"] = {"before": process_lines(members.values()), "after": ""}
+        if self.module.check_mode:
+            self.result["changed"] = True
+            self.finish("Would stop %d process(es): %s." % (len(members), "; ".join(self.result["planned"])))
+            return
+        if self.checkpoint_params:
+            self.checkpoint_phase(members, tracker)
+        outcome = self.stop_phase(tracker)
+        self.remove_trigger()
+        self.read_last_step()
+        if self.module._diff:
+            self.result["diff"]["after"] = process_lines(outcome.remaining)
+        if outcome.remaining:
+            self.fail(
+                "%d process(es) of the job survived SIGKILL after %gs: %s. They may be stuck in the kernel "
+                "(state D) or in a PID namespace this module cannot signal; inspect them with "
+                "'ps -o pid,stat,wchan,cmd -p <pid>'."
+                % (
+                    len(outcome.remaining),
+                    self.params["kill_timeout"],
+                    "; ".join("PID %d %s" % (info.pid, info.command) for info in outcome.remaining),
+                )
+            )
+        checkpoint = self.result["checkpoint"]
+        saved = (
+            " after checkpoint %s (step %s)" % (checkpoint["path"], checkpoint["step"])
+            if checkpoint.get("path")
+            else ""
+        )
+        self.finish(
+            "Stopped %d process(es)%s; SIGKILL was %sneeded."
+            % (len(outcome.terminated) or len(members), saved, "" if self.result["sigkill_needed"] else "not ")
+        )
+
+    def finish(self, msg: str) -> None:
+        self.result["signals"] = self.log.as_list()
+        self.timings["total"] = round(time.monotonic() - self.started, 3)
+        self.module.exit_json(msg=msg, **self.result)
+
+
+def argument_spec() -> dict:
+    return dict(
+        pidfile=dict(type="path"),
+        unit=dict(type="str"),
+        cmdline_match=dict(type="list", elements="str"),
+        match_env=dict(type="list", elements="str", default=[]),
+        max_roots=dict(type="int", default=1),
+        checkpoint=dict(
+            type="dict",
+            options=dict(
+                request=dict(type="str", choices=["signal", "file", "none"], default="signal"),
+                signal=dict(
+                    type="str",
+                    choices=["SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT", "SIGTERM", "SIGQUIT", "SIGALRM", "SIGWINCH"],
+                    default="SIGUSR1",
+                ),
+                signal_targets=dict(type="str", choices=["catching", "all", "roots"], default="catching"),
+                trigger_file=dict(type="path"),
+                path=dict(type="path"),
+                glob=dict(type="str", default="*"),
+                marker=dict(type="str"),
+                stable_seconds=dict(type="float", default=10),
+                step_regex=dict(type="str", default=r"(\d+)(?!.*\d)"),
+                timeout=dict(type="float", default=600),
+            ),
+            required_if=[("request", "signal", ["path"]), ("request", "file", ["path", "trigger_file"])],
+        ),
+        force=dict(type="bool", default=False),
+        grace_period=dict(type="float", default=60),
+        kill_timeout=dict(type="float", default=30),
+        poll_interval=dict(type="float", default=0.5),
+        log_file=dict(type="path"),
+        log_step_regex=dict(type="str", default=r"\bstep=(\d+)"),
+        log_tail_bytes=dict(type="int", default=65536),
+    )
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        required_one_of=[("pidfile", "unit", "cmdline_match")],
+        mutually_exclusive=[("pidfile", "unit"), ("unit", "cmdline_match")],
+        supports_check_mode=True,
+    )
+    for name in ("grace_period", "kill_timeout", "poll_interval"):
+        if module.params[name] < 0:
+            module.fail_json(msg="%s must be zero or more seconds, got %s." % (name, module.params[name]))
+    if module.params["max_roots"] < 1:
+        module.fail_json(msg="max_roots must be at least 1, got %d." % module.params["max_roots"])
+    TrainingStop(module).run()
+
+
+if __name__ == "__main__":
+    main()
