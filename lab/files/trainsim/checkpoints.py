@@ -1,0 +1,143 @@
+"""Checkpoint layout of the training simulator (Pivot lab TEST DOUBLE).
+
+One directory per saved step, ``<checkpoint-dir>/step_<step, 9 digits>/``
+(``step_000005400``: zero-padded, so names sort like steps), written in place,
+in this order:
+
+1. ``model.safetensors`` -- a valid safetensors file (one small F32 tensor,
+   8 KiB of data), written in chunks: with a slow checkpoint it grows visibly;
+2. ``optimizer.pt`` -- 16 KiB of opaque bytes;
+3. ``trainer_state.json`` -- ``{"global_step": N, "train_minutes": M, ...}``;
+4. ``COMPLETE`` -- the completion marker, written LAST: every other file is
+   complete and fsynced before it appears, and it appears atomically (written
+   to a temporary name, fsynced, renamed). It holds JSON:
+   ``{"step": N, "files": {name: {"bytes": B, "sha256": H}}}``.
+
+What a consumer can rely on: a directory is a usable checkpoint if and only if
+its ``COMPLETE`` exists. A directory without it is a save in progress, or the
+debris of a save that was interrupted (a killed trainer leaves it behind
+forever). ``*.tmp`` names inside are never final files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import struct
+import time
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+
+MARKER = "COMPLETE"
+DIR_PATTERN = re.compile(r"^step_(\d{9})$")
+MODEL_FLOATS = 2048  # 8 KiB of F32
+OPTIMIZER_BYTES = 16 * 1024
+CHUNKS_PER_FILE = 8
+
+
+def directory_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / MARKER).is_file()
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = DIR_PATTERN.match(entry.name)
+        if match and entry.is_dir() and is_complete(entry):
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def newest_complete(root: Path) -> tuple[int, Path] | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def read_trainer_state(path: Path) -> dict:
+    try:
+        return json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def safetensors_bytes(step: int) -> bytes:
+    """A real safetensors file: u64 header length, JSON header, tensor data."""
+    generator = random.Random(step)
+    data = array("f", (generator.gauss(0.0, 0.02) for _ in range(MODEL_FLOATS))).tobytes()
+    header = {
+        "__metadata__": {"format": "pt", "global_step": str(step)},
+        "draft.lm_head.weight": {"dtype": "F32", "shape": [32, MODEL_FLOATS // 32], "data_offsets": [0, len(data)]},
+    }
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    return struct.pack("<Q", len(encoded)) + encoded + data
+
+
+def optimizer_bytes(step: int) -> bytes:
+    return random.Random(-step - 1).randbytes(OPTIMIZER_BYTES)
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_in_chunks(path: Path, payload: bytes, pause: Callable[[], None]) -> None:
+    chunk = max(1, -(-len(payload) // CHUNKS_PER_FILE))
+    with open(path, "wb") as handle:
+        for offset in range(0, len(payload), chunk):
+            handle.write(payload[offset : offset + chunk])
+            handle.flush()
+            pause()
+        os.fsync(handle.fileno())
+
+
+def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict) -> Path:
+    """Save step ``step`` under ``root``, spreading the work over ``seconds``."""
+    target = root / directory_name(step)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / MARKER).unlink(missing_ok=True)
+    state = {"global_step": step, **trainer_state}
+    files = {
+        "model.safetensors": safetensors_bytes(step),
+        "optimizer.pt": optimizer_bytes(step),
+        "trainer_state.json": (json.dumps(state, indent=2) + "\n").encode(),
+    }
+    pause_seconds = seconds / (CHUNKS_PER_FILE * len(files))
+
+    def pause() -> None:
+        if pause_seconds > 0:
+            time.sleep(pause_seconds)
+
+    for name, payload in files.items():
+        _write_in_chunks(target / name, payload, pause)
+    marker = {
+        "step": step,
+        "files": {
+            name: {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+            for name, payload in files.items()
+        },
+    }
+    temporary = target / f"{MARKER}.tmp"
+    with open(temporary, "w") as handle:
+        handle.write(json.dumps(marker) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target / MARKER)
+    _fsync_directory(target)
+    _fsync_directory(root)
+    return target
