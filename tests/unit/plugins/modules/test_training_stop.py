@@ -1,0 +1,383 @@
+# Copyright (c) 2026, Pivot developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""training_stop run end to end in-process against real fake-trainer process trees."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from ansible_collections.pivot.ops.plugins.modules import training_stop
+
+FAST = {"poll_interval": 0.05, "grace_period": 3, "kill_timeout": 5}
+
+
+def select(trainers, role: str = "single") -> list:
+    """cmdline_match that picks exactly this test's process of ``role``."""
+    return [trainers.token, role]
+
+
+def checkpoint_opts(tmp_path, **overrides) -> dict:
+    options = {"path": str(tmp_path / "ckpt"), "glob": "step_*", "marker": "COMPLETE", "timeout": 10}
+    options.update(overrides)
+    return options
+
+
+def trainer_args(tmp_path, *extra: str) -> list:
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    return ["--ckpt-dir", str(tmp_path / "ckpt"), "--marker", "COMPLETE", "--log", str(tmp_path / "train.log"), *extra]
+
+
+def signals_of(result: dict, pid: int) -> list:
+    return next((entry["signals"] for entry in result["signals"] if entry["pid"] == pid), [])
+
+
+def test_cooperative_job_checkpoints_then_stops(run_module, trainers, tmp_path, alive):
+    popen = trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
+    result = run_module(
+        training_stop.main,
+        dict(
+            FAST,
+            cmdline_match=select(trainers),
+            checkpoint=checkpoint_opts(tmp_path),
+            log_file=str(tmp_path / "train.log"),
+        ),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert result["changed"] is True
+    assert [entry["pid"] for entry in result["pids"]] == [popen.pid]
+    assert result["pids"][0]["matched_by"] == "selected"
+    assert signals_of(result, popen.pid) == ["SIGUSR1", "SIGTERM"]
+    assert result["sigkill_needed"] is False
+    assert result["remaining"] == []
+    checkpoint = result["checkpoint"]
+    assert os.path.exists(os.path.join(checkpoint["path"], "COMPLETE"))
+    assert checkpoint["step"] == int(os.path.basename(checkpoint["path"]).split("_")[1])
+    assert checkpoint["requested_at"] <= checkpoint["completed_at"]
+    assert result["last_step"] >= checkpoint["step"]
+    assert "step=%d" % result["last_step"] in result["last_log_line"]
+    assert set(result["timings"]) >= {"discover", "checkpoint", "sigterm", "sigkill", "total"}
+    assert not alive(popen.pid)
+
+    second = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers)))
+    assert second["failed"] is False
+    assert second["changed"] is False
+    assert "No process of the job is running" in second["msg"]
+
+
+def test_job_ignoring_sigterm_is_killed_after_grace(run_module, trainers, tmp_path, alive):
+    popen = trainers.start("single", "--ignore-term")
+    started = time.monotonic()
+    result = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers), grace_period=0.5))
+    assert result["failed"] is False, result["msg"]
+    assert result["sigkill_needed"] is True
+    assert signals_of(result, popen.pid) == ["SIGTERM", "SIGKILL"]
+    assert result["timings"]["sigterm"] >= 0.5
+    assert time.monotonic() - started < FAST["kill_timeout"] + 5
+    assert not alive(popen.pid)
+
+
+def test_checkpoint_that_never_lands_leaves_job_running(run_module, trainers, tmp_path, alive):
+    # The trainer installs a SIGUSR1 handler but never writes a checkpoint.
+    popen = trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal", "--ckpt-dir", "/nonexistent"))
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path, timeout=0.5)),
+    )
+    assert result["failed"] is True
+    assert "No new complete checkpoint" in result["msg"]
+    assert "left running" in result["msg"]
+    assert signals_of(result, popen.pid) == ["SIGUSR1"]
+    assert result["checkpoint"]["path"] is None
+    assert alive(popen.pid)
+
+
+def test_checkpoint_timeout_with_force_stops_anyway(run_module, trainers, tmp_path, alive):
+    popen = trainers.start("single", "--checkpoint", "signal")
+    (tmp_path / "ckpt").mkdir()
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers), force=True, checkpoint=checkpoint_opts(tmp_path, timeout=0.3)),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert any("force=true" in warning for warning in result["warnings"])
+    assert signals_of(result, popen.pid) == ["SIGUSR1", "SIGTERM"]
+    assert not alive(popen.pid)
+
+
+def test_slow_checkpoint_within_timeout(run_module, trainers, tmp_path):
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal", "--ckpt-delay", "1.0"))
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path, timeout=8)),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert result["timings"]["checkpoint"] >= 1.0
+    assert os.path.exists(os.path.join(result["checkpoint"]["path"], "COMPLETE"))
+
+
+def test_stable_size_completion_without_marker(run_module, trainers, tmp_path):
+    trainers.start("single", "--checkpoint", "signal", "--ckpt-dir", str(tmp_path / "ckpt"))
+    (tmp_path / "ckpt").mkdir()
+    result = run_module(
+        training_stop.main,
+        dict(
+            FAST,
+            cmdline_match=select(trainers),
+            checkpoint={"path": str(tmp_path / "ckpt"), "glob": "step_*", "stable_seconds": 0.3, "timeout": 8},
+        ),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert result["checkpoint"]["size_bytes"] == 4096
+
+
+def test_trigger_file_request_and_cleanup(run_module, trainers, tmp_path):
+    trigger = tmp_path / "SAVE_NOW"
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "file", "--trigger", str(trigger)))
+    result = run_module(
+        training_stop.main,
+        dict(
+            FAST,
+            cmdline_match=select(trainers),
+            checkpoint=checkpoint_opts(tmp_path, request="file", trigger_file=str(trigger)),
+        ),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert result["checkpoint"]["step"] is not None
+    assert not trigger.exists()
+    assert all(entry["signals"] == ["SIGTERM"] for entry in result["signals"])
+
+
+def test_torchrun_like_job_with_workers_in_own_sessions(run_module, trainers, tmp_path, alive):
+    # agent + 2 workers (own sessions) + one dataloader child per worker = 5 processes.
+    trainers.start("agent", *trainer_args(tmp_path, "--workers", "2", "--children", "1", "--checkpoint", "signal"),
+                   ready=5)
+    job = trainers.ready()
+    agent = trainers.ready("agent")[0]
+    workers = trainers.ready("worker")
+    result = run_module(
+        training_stop.main,
+        dict(
+            FAST,
+            cmdline_match=select(trainers, "agent"),
+            match_env=["TORCHELASTIC_RUN_ID"],
+            checkpoint=checkpoint_opts(tmp_path),
+        ),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert sorted(entry["pid"] for entry in result["pids"]) == job
+    # SIGUSR1 goes only to processes with a handler: the workers, not the agent (it would die of it).
+    assert sorted(entry["pid"] for entry in result["signals"] if "SIGUSR1" in entry["signals"]) == workers
+    assert "SIGUSR1" not in signals_of(result, agent)
+    assert result["checkpoint"]["step"] is not None
+    assert result["remaining"] == []
+    assert not [pid for pid in job if alive(pid)]
+
+
+@pytest.mark.parametrize("subreaper", [False, True], ids=["reparent-to-init", "reparent-to-subreaper"])
+def test_orphans_reparented_during_stop_are_still_killed(run_module, trainers, tmp_path, alive, subreaper):
+    # The agent exits at once on SIGTERM without forwarding it; the workers die of SIGTERM, but their dataloader
+    # children ignore it and are re-parented to PID 1 (or to the subreaper) while the module is still stopping.
+    options = ["--workers", "2", "--children", "1", "--children-ignore-term", "--agent-abandons"]
+    if subreaper:
+        trainers.start("subreaper", "--then=agent", *options, ready=6)
+    else:
+        trainers.start("agent", *options, ready=5)
+    dataloaders = trainers.ready("dataloader")
+    result = run_module(
+        training_stop.main, dict(FAST, grace_period=0.8, cmdline_match=select(trainers, "agent"))
+    )
+    assert result["failed"] is False, result["msg"]
+    assert result["sigkill_needed"] is True
+    for pid in dataloaders:
+        assert signals_of(result, pid) == ["SIGTERM", "SIGKILL"]
+        assert not alive(pid)
+    if subreaper:
+        assert alive(trainers.ready("subreaper")[0]), "the subreaper is not part of the job"
+
+
+def test_orphaned_workers_found_by_fixed_environment_value(run_module, trainers, tmp_path, alive):
+    trainers.start("agent", "--workers", "2", ready=3)
+    agent = trainers.ready("agent")[0]
+    workers = trainers.ready("worker")
+    os.kill(agent, 9)
+    deadline = time.monotonic() + 5
+    while alive(agent) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers, "agent"), match_env=["TORCHELASTIC_RUN_ID=run-" + trainers.token]),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert sorted(entry["pid"] for entry in result["pids"]) == workers
+    assert {entry["matched_by"] for entry in result["pids"]} == {"environment"}
+    assert not [pid for pid in workers if alive(pid)]
+
+
+def test_check_mode_sends_nothing_and_creates_nothing(run_module, trainers, tmp_path, alive):
+    trigger = tmp_path / "SAVE_NOW"
+    popen = trainers.start("single", "--checkpoint", "file", "--trigger", str(trigger))
+    result = run_module(
+        training_stop.main,
+        dict(
+            FAST,
+            cmdline_match=select(trainers),
+            checkpoint=checkpoint_opts(tmp_path, request="file", trigger_file=str(trigger)),
+        ),
+        check_mode=True,
+        diff=True,
+    )
+    assert result["failed"] is False, result["msg"]
+    assert result["changed"] is True
+    assert result["signals"] == []
+    assert not trigger.exists()
+    assert alive(popen.pid)
+    assert any("trigger file" in step for step in result["planned"])
+    assert any(step.startswith("SIGTERM 1 process") for step in result["planned"])
+    assert result["diff"]["before"].startswith("%d " % popen.pid)
+    assert result["diff"]["after"] == ""
+
+
+def test_nothing_running_is_unchanged(run_module, tmp_path):
+    missing = run_module(training_stop.main, dict(FAST, pidfile=str(tmp_path / "none.pid")))
+    assert missing["failed"] is False
+    assert missing["changed"] is False
+    assert "does not exist" in missing["msg"]
+    no_match = run_module(training_stop.main, dict(FAST, cmdline_match=["pivot-unit-no-such-process"]))
+    assert no_match["changed"] is False
+    assert no_match["pids"] == []
+
+
+def test_pidfile_job_and_recycled_pid(run_module, trainers, tmp_path, alive):
+    popen = trainers.start("single")
+    pidfile = tmp_path / "train.pid"
+    # A pidfile naming an unrelated live process (PID recycled) is stale when cmdline_match disagrees.
+    pidfile.write_text("%d\n" % os.getppid())
+    stale = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
+    assert stale["changed"] is False
+    assert "stale" in stale["msg"]
+    pidfile.write_text("%d\n" % popen.pid)
+    result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
+    assert result["failed"] is False, result["msg"]
+    assert not alive(popen.pid)
+
+
+def test_pidfile_with_garbage_fails(run_module, tmp_path):
+    pidfile = tmp_path / "train.pid"
+    pidfile.write_text("not a pid\n")
+    result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile)))
+    assert result["failed"] is True
+    assert "does not contain a PID" in result["msg"]
+
+
+@pytest.mark.parametrize("target", ["pid1", "self", "parent"])
+def test_refuses_pid1_and_own_ancestors(run_module, tmp_path, target):
+    pid = {"pid1": 1, "self": os.getpid(), "parent": os.getppid()}[target]
+    pidfile = tmp_path / "train.pid"
+    pidfile.write_text("%d\n" % pid)
+    result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile)))
+    assert result["failed"] is True
+    assert "Refusing to act" in result["msg"]
+    assert [candidate["pid"] for candidate in result["candidates"]] == [pid]
+
+
+def test_ambiguous_match_lists_candidates(run_module, trainers, alive):
+    first = trainers.start("single")
+    second = trainers.start("single", ready=2)
+    result = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers)))
+    assert result["failed"] is True
+    assert "ambiguous" in result["msg"]
+    assert sorted(candidate["pid"] for candidate in result["candidates"]) == sorted([first.pid, second.pid])
+    for popen in (first, second):
+        assert "PID %d: " % popen.pid in result["msg"]
+        assert alive(popen.pid)
+    both = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers), max_roots=2))
+    assert both["failed"] is False, both["msg"]
+    assert not alive(first.pid) and not alive(second.pid)
+
+
+def test_cmdline_match_is_exact_not_substring(run_module, trainers, alive):
+    popen = trainers.start("single")
+    result = run_module(training_stop.main, dict(FAST, cmdline_match=[trainers.token[:-1], "single"]))
+    assert result["changed"] is False
+    assert alive(popen.pid)
+
+
+def test_signal_without_handler_fails_before_anything_is_sent(run_module, trainers, tmp_path, alive):
+    popen = trainers.start("single")  # no SIGUSR1 handler: SIGUSR1 would kill it
+    (tmp_path / "ckpt").mkdir()
+    result = run_module(
+        training_stop.main, dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path))
+    )
+    assert result["failed"] is True
+    assert "No process of the job has a handler for SIGUSR1" in result["msg"]
+    assert result["signals"] == []
+    assert alive(popen.pid)
+
+
+def test_invalid_regex_fails_before_signalling(run_module, trainers, tmp_path, alive):
+    popen = trainers.start("single")
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers), log_file=str(tmp_path / "x.log"), log_step_regex="step=(\\d+"),
+    )
+    assert result["failed"] is True
+    assert "not a valid regular expression" in result["msg"]
+    assert alive(popen.pid)
+
+
+def test_unit_selection_uses_systemctl_and_cgroup(run_module, monkeypatch, tmp_path):
+    """Constructed: a fake /proc where PIDs 500 and 501 live in the unit's cgroup (v1 hybrid and v2 notation)."""
+    proc = tmp_path / "proc"
+    for pid, ppid, cgroup in (
+        (500, 1, "0::/system.slice/trainer.service\n"),
+        (501, 1, "9:name=systemd:/system.slice/trainer.service/workers\n0::/\n"),
+        (502, 1, "0::/system.slice/other.service\n"),
+    ):
+        (proc / str(pid)).mkdir(parents=True)
+        stat = "%d (python3) S %d %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n" % (pid, ppid, pid, pid, 1000 + pid)
+        (proc / str(pid) / "stat").write_text(stat)
+        (proc / str(pid) / "cmdline").write_bytes(b"python3\0train.py\0")
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+    monkeypatch.setattr(training_stop, "PROC_ROOT", str(proc))
+    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
+    calls = []
+
+    def fake_run(self, cmd, **kwargs):
+        calls.append(cmd)
+        return 0, "MainPID=500\nControlGroup=/system.slice/trainer.service\nActiveState=active\nLoadState=loaded\n", ""
+
+    monkeypatch.setattr(training_stop.AnsibleModule, "run_command", fake_run)
+    result = run_module(training_stop.main, dict(FAST, unit="trainer.service"), check_mode=True)
+    assert result["failed"] is False, result["msg"]
+    assert sorted(entry["pid"] for entry in result["pids"]) == [500, 501]
+    assert "systemctl stop trainer.service" in result["planned"]
+    assert calls == [
+        ["/bin/systemctl", "show", "-p", "MainPID", "-p", "ControlGroup", "-p", "ActiveState", "-p", "LoadState",
+         "trainer.service"]
+    ]
+
+
+def test_unknown_unit_fails(run_module, monkeypatch):
+    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
+    monkeypatch.setattr(
+        training_stop.AnsibleModule, "run_command", lambda self, cmd, **k: (0, "MainPID=0\nLoadState=not-found\n", "")
+    )
+    result = run_module(training_stop.main, dict(FAST, unit="typo.service"))
+    assert result["failed"] is True
+    assert "does not exist" in result["msg"]
+
+
+def test_argument_validation(run_module):
+    neither = run_module(training_stop.main, {})
+    assert neither["failed"] is True
+    assert "one of the following is required" in neither["msg"]
+    missing_path = run_module(training_stop.main, {"cmdline_match": ["x"], "checkpoint": {"request": "signal"}})
+    assert missing_path["failed"] is True
+    assert "path" in missing_path["msg"]
+    negative = run_module(training_stop.main, {"cmdline_match": ["x"], "grace_period": -1})
+    assert negative["failed"] is True
+    assert "grace_period" in negative["msg"]
