@@ -1,0 +1,96 @@
+"""The lab's three hosts are real systemd hosts, reachable the way production hosts are."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import labctl
+import pytest
+import yaml
+
+pytestmark = pytest.mark.usefixtures("lab_up")
+
+
+@pytest.mark.parametrize("host", labctl.HOSTS)
+def test_host_runs_systemd_as_pid1_and_is_running(host: str) -> None:
+    result = labctl.ssh(host, "cat /proc/1/comm; systemctl is-system-running; hostname")
+    assert result.rc == 0, result.stderr
+    assert result.stdout.split() == ["systemd", "running", host]
+
+
+def test_pct_exec_runs_inside_ct200_not_on_the_node() -> None:
+    result = labctl.pct_exec(["sh", "-c", "hostname; cat /proc/1/comm; systemctl is-system-running"])
+    assert result.rc == 0, result.stderr
+    assert result.stdout.split() == ["ct200", "systemd", "running"]
+
+
+def test_pct_exec_passes_stdin_stdout_stderr_and_exit_status() -> None:
+    script = "cat; echo to-stderr >&2; exit 7"
+    result = labctl.pct_exec(["sh", "-c", script], stdin="line one\nline two\n")
+    assert result.rc == 7
+    assert result.stdout == "line one\nline two\n"
+    assert result.stderr == "to-stderr\n"
+
+
+def test_pct_exec_keeps_every_argument_intact() -> None:
+    args = ["a b", "it's", '"quoted"', "$HOME", "*", "", "semi;colon", "new\nline"]
+    result = labctl.pct_exec(["python3", "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *args])
+    assert result.rc == 0, result.stderr
+    assert json.loads(result.stdout) == args
+
+
+def test_pct_moves_files_the_way_the_connection_plugin_does() -> None:
+    payload = "".join(f"{i:05d} pivot\n" for i in range(20000))  # ~240 kB, several SSH windows
+    write = labctl.pct_exec(["sh", "-c", "cat > /tmp/pct-copy"], stdin=payload)
+    assert write.rc == 0, write.stderr
+    read = labctl.pct_exec(["cat", "/tmp/pct-copy"])
+    assert read.stdout == payload
+
+
+def test_pct_refuses_an_unknown_container() -> None:
+    result = labctl.ssh("pve", "pct exec 999 -- true")
+    assert result.rc != 0
+    assert "999" in result.stderr
+
+
+def test_pct_status_reports_the_container_running() -> None:
+    assert labctl.ssh("pve", "pct status 200").stdout.strip() == "status: running"
+
+
+@pytest.mark.parametrize("host", ["ct200", "pro6000", "pve"])
+def test_ansible_reaches_each_host_over_its_inventory_connection(host: str) -> None:
+    result = labctl.ansible_adhoc(host, "ansible.builtin.setup", "gather_subset=min")
+    assert not result.get("failed") and not result.get("unreachable"), result
+    facts = result["ansible_facts"]
+    assert facts["ansible_hostname"] == host
+    assert facts["ansible_service_mgr"] == "systemd"
+
+
+def test_lab_inventory_has_the_structure_of_production() -> None:
+    production = yaml.safe_load((labctl.REPO / "inventory/production/hosts.yml").read_text())
+    lab = yaml.safe_load((labctl.REPO / "inventory/lab/hosts.yml").read_text())
+    # Only addresses, keys and lab-only variables may differ.
+    may_differ = {"ansible_host", "ansible_private_key_file", "ansible_ssh_private_key_file",
+                  "ansible_ssh_common_args", "ansible_host_key_checking"}
+    prod_groups, lab_groups = production["all"]["children"], lab["all"]["children"]
+    assert lab_groups.keys() == prod_groups.keys()
+    for group, spec in prod_groups.items():
+        assert lab_groups[group]["hosts"].keys() == spec["hosts"].keys()
+        for host, prod_vars in spec["hosts"].items():
+            lab_vars = lab_groups[group]["hosts"][host]
+            same = {k: v for k, v in prod_vars.items() if k not in may_differ}
+            assert {k: lab_vars.get(k) for k in same} == same, host
+            assert set(lab_vars) - set(prod_vars) <= may_differ, host
+    assert os.path.realpath(labctl.REPO / "inventory/lab/group_vars") == str(
+        labctl.REPO / "inventory/production/group_vars"
+    )
+
+
+def test_check_hosts_playbook_proves_every_host() -> None:
+    result = labctl.run(["ansible-playbook", str(labctl.REPO / "playbooks/check_hosts.yml")], timeout=300)
+    assert result.rc == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    recap = [ln for ln in result.stdout.splitlines() if " : ok=" in ln]
+    assert len(recap) == 3
+    assert all("failed=0" in ln and "unreachable=0" in ln and "changed=0" in ln for ln in recap)
+    assert "speculative_algorithm: EAGLE" in result.stdout

@@ -1,0 +1,97 @@
+"""Test-side handle on the lab: bring it up and down, run commands on its hosts, find leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / "lab" / "lab"
+STATE = Path(os.environ.get("PIVOT_LAB_DIR", "/var/lib/pivot-lab"))
+HOSTS = ("pve", "ct200", "pro6000")
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def run(cmd: list[str], *, stdin: str | None = None, timeout: float = 120, check: bool = False) -> Result:
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+    result = Result(proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return result
+
+
+def lab(*args: str, timeout: float = 300) -> Result:
+    return run([str(LAB), *args], timeout=timeout, check=True)
+
+
+def ssh(host: str, command: str, *, stdin: str | None = None, timeout: float = 60) -> Result:
+    """Runs a shell command on a lab host over SSH, as the controller does."""
+    return run(["ssh", "-F", str(STATE / "ssh" / "config"), host, command], stdin=stdin, timeout=timeout)
+
+
+def pct_exec(argv: list[str], *, stdin: str | None = None, timeout: float = 60) -> Result:
+    """Runs argv inside ct200 the production way: on the Proxmox node, `pct exec 200 -- argv`."""
+    quoted = " ".join(_shell_quote(a) for a in ["pct", "exec", "200", "--", *argv])
+    return ssh("pve", quoted, stdin=stdin, timeout=timeout)
+
+
+def _shell_quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
+
+
+def ansible_adhoc(host: str, module: str, module_args: str = "", *, timeout: float = 120) -> dict:
+    """Runs one ad-hoc module on a host through the project's ansible.cfg; returns its result."""
+    env = {**os.environ, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
+    cmd = ["ansible", host, "-m", module, *(["-a", module_args] if module_args else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    try:
+        report = json.loads(proc.stdout)
+        return report["plays"][0]["tasks"][0]["hosts"][host]
+    except (ValueError, KeyError, IndexError) as exc:
+        raise AssertionError(f"{cmd} gave no result ({exc}):\n{proc.stdout}\n{proc.stderr}") from exc
+
+
+CGROUP_DIRS = (Path("/sys/fs/cgroup/systemd/pivot-lab"), Path("/sys/fs/cgroup/unified/pivot-lab"),
+               Path("/sys/fs/cgroup/pivot-lab"))
+
+
+def lab_processes() -> list[int]:
+    """PIDs in the lab's cgroups: everything the containers run, orphaned or not."""
+    pids: set[int] = set()
+    for root in CGROUP_DIRS:
+        for procs in root.rglob("cgroup.procs") if root.exists() else ():
+            try:
+                pids.update(int(p) for p in procs.read_text().split())
+            except OSError:
+                continue
+    return sorted(pids)
+
+
+def leftovers() -> dict[str, list[str]]:
+    """Everything a lab could leave on this machine; all lists are empty when it is fully down."""
+    found: dict[str, list[str]] = {}
+    netns = run(["ip", "netns", "list"]).stdout.split()
+    found["netns"] = [n for n in netns if n.startswith("pvlab-")]
+    links = run(["ip", "-o", "link", "show"]).stdout.splitlines()
+    found["links"] = [ln.split(": ")[1] for ln in links if ": pvlab0" in ln or ": pvl-" in ln]
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    found["mounts"] = [m for m in mounts if str(STATE) in m.split()[1] or "pvlab-nspawn" in m.split()[0]]
+    nspawn = run(["pgrep", "-a", "-x", "systemd-nspawn"]).stdout.splitlines()
+    found["processes"] = [f"pid {pid} (in a lab cgroup)" for pid in lab_processes()] + nspawn
+    found["cgroups"] = [str(p) for p in CGROUP_DIRS if p.exists()]
+    found["host_dirs"] = [str(p) for p in (STATE / "hosts", STATE / "ssh") if p.exists()]
+    return found
+
+
+def assert_nothing_left() -> None:
+    left = {kind: items for kind, items in leftovers().items() if items}
+    assert not left, f"the lab left things behind: {left}"
