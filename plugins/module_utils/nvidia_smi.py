@@ -225,9 +225,7 @@ def release_problems(selected: list, apps: list, max_used_mib: int, allowed_pids
     problems = []
     for gpu in selected:
         holders = [
-            app
-            for app in apps
-            if app["gpu_uuid"] == gpu["uuid"] and not app_allowed(app, allowed_pids, allowed_names)
+            app for app in apps if app["gpu_uuid"] == gpu["uuid"] and not app_allowed(app, allowed_pids, allowed_names)
         ]
         over_limit = gpu["memory_used_mib"] is not None and gpu["memory_used_mib"] > max_used_mib
         if not holders and not over_limit:

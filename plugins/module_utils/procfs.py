@@ -72,7 +72,7 @@ def parse_environ(raw: bytes) -> dict:
     for entry in raw.split(b"\0"):
         if not entry or b"=" not in entry:
             continue
-        name, _, value = entry.partition(b"=")
+        name, _separator, value = entry.partition(b"=")
         env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
     return env
 

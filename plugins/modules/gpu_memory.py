@@ -21,7 +21,7 @@ description:
     memory is not reported; a GPU whose memory use is unknown is judged by its compute processes alone, with a warning.
   - Read-only; check mode runs the same queries.
 author:
-  - Pivot developers
+  - Pivot developers (@pivot)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

@@ -27,7 +27,7 @@ description:
   - Runs on the target with the Python standard library only; it works over any connection plugin (ssh,
     C(community.proxmox.proxmox_pct_remote)) and needs root for processes of other users.
 author:
-  - Pivot developers
+  - Pivot developers (@pivot)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

@@ -11,6 +11,8 @@ Under ``ansible-test units`` the collection is already importable. Run plainly
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import signal
@@ -29,7 +31,7 @@ FAKE_TRAINER = os.path.join(REPO, "tests", "unit", "support", "fake_trainer.py")
 
 def _make_collection_importable() -> None:
     try:
-        import ansible_collections.pivot.ops.plugins.module_utils.procfs  # noqa: F401
+        importlib.import_module("ansible_collections.pivot.ops.plugins.module_utils.procfs")
     except ImportError:
         pass
     else:
@@ -38,7 +40,7 @@ def _make_collection_importable() -> None:
     if os.path.isdir(os.path.join(cached, "ansible_collections", "pivot", "ops")):
         sys.path.insert(0, cached)
         return
-    base = os.path.join(tempfile.gettempdir(), "pivot-ops-unit-%d" % os.getuid())
+    base = os.path.join(tempfile.gettempdir(), f"pivot-ops-unit-{os.getuid()}")
     namespace = os.path.join(base, "ansible_collections", "pivot")
     os.makedirs(namespace, exist_ok=True)
     link = os.path.join(namespace, "ops")
@@ -107,7 +109,7 @@ def smi_fixture():
 
 def _alive(pid: int) -> bool:
     try:
-        with open("/proc/%d/stat" % pid) as handle:
+        with open(f"/proc/{pid}/stat") as handle:
             state = handle.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
@@ -125,7 +127,7 @@ class Trainers:
     def start(self, role: str, *args: str, env: dict | None = None, ready: int = 1) -> subprocess.Popen:
         """Start ``role`` and wait until ``ready`` of its processes have installed their signal handlers."""
         full_env = dict(os.environ, PIVOT_UNIT_JOB=self.token, **(env or {}))
-        popen = subprocess.Popen(  # noqa: S603
+        popen = subprocess.Popen(
             [sys.executable, FAKE_TRAINER, role, "--token", self.token, "--state-dir", str(self.tmp_path), *args],
             env=full_env,
             stdout=subprocess.DEVNULL,
@@ -137,7 +139,7 @@ class Trainers:
 
     def ready(self, role: str | None = None) -> list:
         """PIDs that reported ready, optionally only those of one role."""
-        prefix = "ready_%s_" % role if role else "ready_"
+        prefix = f"ready_{role}_" if role else "ready_"
         names = [name for name in os.listdir(str(self.tmp_path)) if name.startswith(prefix)]
         return sorted(int(name.rsplit("_", 1)[1]) for name in names if not name.endswith(".tmp"))
 
@@ -145,7 +147,7 @@ class Trainers:
         deadline = time.monotonic() + timeout
         while len(self.ready()) < count:
             if time.monotonic() > deadline:
-                raise AssertionError("only %d of %d fake trainer processes became ready" % (len(self.ready()), count))
+                raise AssertionError(f"only {len(self.ready())} of {count} fake trainer processes became ready")
             time.sleep(0.02)
         return self.ready()
 
@@ -156,7 +158,7 @@ class Trainers:
             if not entry.isdigit():
                 continue
             try:
-                with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
                     argv = handle.read().split(b"\0")
             except OSError:
                 continue
@@ -166,10 +168,8 @@ class Trainers:
 
     def cleanup(self) -> None:
         for pid in self.job_pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for popen in self.popens:
             if popen.poll() is None:
                 popen.kill()

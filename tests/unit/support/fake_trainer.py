@@ -13,6 +13,7 @@ dies on SIGUSR1 like torchrun's agent), ``worker``, ``dataloader`` (a worker's c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import signal
@@ -47,7 +48,7 @@ def parse_args(argv: list) -> argparse.Namespace:
 
 
 def mark_ready(args: argparse.Namespace, role: str) -> None:
-    path = os.path.join(args.state_dir, "ready_%s_%d" % (role, os.getpid()))
+    path = os.path.join(args.state_dir, f"ready_{role}_{os.getpid()}")
     with open(path + ".tmp", "w") as handle:
         handle.write(str(os.getpid()))
     os.rename(path + ".tmp", path)
@@ -57,6 +58,7 @@ def spawn(
     args: argparse.Namespace,
     role: str,
     extra: list,
+    *,
     new_session: bool = False,
     env: dict | None = None,
     inherit: bool = True,
@@ -68,7 +70,7 @@ def spawn(
 
 
 def write_checkpoint(args: argparse.Namespace, step: int) -> None:
-    target = os.path.join(args.ckpt_dir, "step_%d" % step)
+    target = os.path.join(args.ckpt_dir, f"step_{step}")
     os.makedirs(target, exist_ok=True)
     with open(os.path.join(target, "model.safetensors"), "wb") as handle:
         handle.write(b"\0" * 4096)
@@ -83,9 +85,7 @@ def log_step(args: argparse.Namespace, step: int) -> None:
     if not args.log or args.rank != 0:
         return
     with open(args.log, "a") as handle:
-        handle.write(
-            "[%dm] step=%d loss=--- acc=--- | tgt=0.48b/s dft=0.48b/s (19.5Ktok/s) | ETA=7.1d\n" % (step // 3, step)
-        )
+        handle.write(f"[{step // 3}m] step={step} loss=--- acc=--- | tgt=0.48b/s dft=0.48b/s (19.5Ktok/s) | ETA=7.1d\n")
 
 
 def train(args: argparse.Namespace, role: str) -> None:
@@ -125,7 +125,7 @@ def dataloader(args: argparse.Namespace) -> None:
 
 
 def agent(args: argparse.Namespace) -> None:
-    run_id = "run-%s" % args.token
+    run_id = f"run-{args.token}"
     workers = []
     for rank in range(args.workers):
         env = dict(os.environ, TORCHELASTIC_RUN_ID=run_id, RANK=str(rank))
@@ -134,10 +134,8 @@ def agent(args: argparse.Namespace) -> None:
     def shutdown(signum, _frame):
         if not args.agent_abandons:
             for worker in workers:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(worker.pid, signum)
-                except ProcessLookupError:
-                    pass
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and any(worker.poll() is None for worker in workers):
                 time.sleep(TICK)

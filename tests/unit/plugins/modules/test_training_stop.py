@@ -58,7 +58,7 @@ def test_cooperative_job_checkpoints_then_stops(run_module, trainers, tmp_path, 
     assert checkpoint["step"] == int(os.path.basename(checkpoint["path"]).split("_")[1])
     assert checkpoint["requested_at"] <= checkpoint["completed_at"]
     assert result["last_step"] >= checkpoint["step"]
-    assert "step=%d" % result["last_step"] in result["last_log_line"]
+    assert f"step={result['last_step']}" in result["last_log_line"]
     assert set(result["timings"]) >= {"discover", "checkpoint", "sigterm", "sigkill", "total"}
     assert not alive(popen.pid)
 
@@ -153,8 +153,9 @@ def test_trigger_file_request_and_cleanup(run_module, trainers, tmp_path):
 
 def test_torchrun_like_job_with_workers_in_own_sessions(run_module, trainers, tmp_path, alive):
     # agent + 2 workers (own sessions) + one dataloader child per worker = 5 processes.
-    trainers.start("agent", *trainer_args(tmp_path, "--workers", "2", "--children", "1", "--checkpoint", "signal"),
-                   ready=5)
+    trainers.start(
+        "agent", *trainer_args(tmp_path, "--workers", "2", "--children", "1", "--checkpoint", "signal"), ready=5
+    )
     job = trainers.ready()
     agent = trainers.ready("agent")[0]
     workers = trainers.ready("worker")
@@ -187,9 +188,7 @@ def test_orphans_reparented_during_stop_are_still_killed(run_module, trainers, t
     else:
         trainers.start("agent", *options, ready=5)
     dataloaders = trainers.ready("dataloader")
-    result = run_module(
-        training_stop.main, dict(FAST, grace_period=0.8, cmdline_match=select(trainers, "agent"))
-    )
+    result = run_module(training_stop.main, dict(FAST, grace_period=0.8, cmdline_match=select(trainers, "agent")))
     assert result["failed"] is False, result["msg"]
     assert result["sigkill_needed"] is True
     for pid in dataloaders:
@@ -237,7 +236,7 @@ def test_check_mode_sends_nothing_and_creates_nothing(run_module, trainers, tmp_
     assert alive(popen.pid)
     assert any("trigger file" in step for step in result["planned"])
     assert any(step.startswith("SIGTERM 1 process") for step in result["planned"])
-    assert result["diff"]["before"].startswith("%d " % popen.pid)
+    assert result["diff"]["before"].startswith(f"{popen.pid} ")
     assert result["diff"]["after"] == ""
 
 
@@ -255,11 +254,11 @@ def test_pidfile_job_and_recycled_pid(run_module, trainers, tmp_path, alive):
     popen = trainers.start("single")
     pidfile = tmp_path / "train.pid"
     # A pidfile naming an unrelated live process (PID recycled) is stale when cmdline_match disagrees.
-    pidfile.write_text("%d\n" % os.getppid())
+    pidfile.write_text(f"{os.getppid()}\n")
     stale = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
     assert stale["changed"] is False
     assert "stale" in stale["msg"]
-    pidfile.write_text("%d\n" % popen.pid)
+    pidfile.write_text(f"{popen.pid}\n")
     result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
     assert result["failed"] is False, result["msg"]
     assert not alive(popen.pid)
@@ -277,7 +276,7 @@ def test_pidfile_with_garbage_fails(run_module, tmp_path):
 def test_refuses_pid1_and_own_ancestors(run_module, tmp_path, target):
     pid = {"pid1": 1, "self": os.getpid(), "parent": os.getppid()}[target]
     pidfile = tmp_path / "train.pid"
-    pidfile.write_text("%d\n" % pid)
+    pidfile.write_text(f"{pid}\n")
     result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile)))
     assert result["failed"] is True
     assert "Refusing to act" in result["msg"]
@@ -292,7 +291,7 @@ def test_ambiguous_match_lists_candidates(run_module, trainers, alive):
     assert "ambiguous" in result["msg"]
     assert sorted(candidate["pid"] for candidate in result["candidates"]) == sorted([first.pid, second.pid])
     for popen in (first, second):
-        assert "PID %d: " % popen.pid in result["msg"]
+        assert f"PID {popen.pid}: " in result["msg"]
         assert alive(popen.pid)
     both = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers), max_roots=2))
     assert both["failed"] is False, both["msg"]
@@ -338,7 +337,7 @@ def test_unit_selection_uses_systemctl_and_cgroup(run_module, monkeypatch, tmp_p
         (502, 1, "0::/system.slice/other.service\n"),
     ):
         (proc / str(pid)).mkdir(parents=True)
-        stat = "%d (python3) S %d %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n" % (pid, ppid, pid, pid, 1000 + pid)
+        stat = f"{pid} (python3) S {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {1000 + pid} 0 0\n"
         (proc / str(pid) / "stat").write_text(stat)
         (proc / str(pid) / "cmdline").write_bytes(b"python3\0train.py\0")
         (proc / str(pid) / "cgroup").write_text(cgroup)
@@ -355,10 +354,8 @@ def test_unit_selection_uses_systemctl_and_cgroup(run_module, monkeypatch, tmp_p
     assert result["failed"] is False, result["msg"]
     assert sorted(entry["pid"] for entry in result["pids"]) == [500, 501]
     assert "systemctl stop trainer.service" in result["planned"]
-    assert calls == [
-        ["/bin/systemctl", "show", "-p", "MainPID", "-p", "ControlGroup", "-p", "ActiveState", "-p", "LoadState",
-         "trainer.service"]
-    ]
+    show = "show -p MainPID -p ControlGroup -p ActiveState -p LoadState trainer.service"
+    assert calls == [["/bin/systemctl", *show.split()]]
 
 
 def test_unknown_unit_fails(run_module, monkeypatch):
