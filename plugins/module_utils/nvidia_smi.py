@@ -241,4 +241,11 @@ def release_problems(selected: list, apps: list, max_used_mib: int, allowed_pids
                 " look for it with 'fuser -v /dev/nvidia*' on the host"
             )
         problems.append(text)
+    strays = [app for app in apps if app["gpu_index"] is None and not app_allowed(app, allowed_pids, allowed_names)]
+    if strays:
+        # Under MIG or with an unexpected UUID the process cannot be tied to a GPU index; never ignore it.
+        problems.append(
+            "compute processes on a device nvidia-smi does not list as a GPU (a MIG instance?): "
+            + "; ".join("%s on %s" % (describe_app(app), app["gpu_uuid"]) for app in strays)
+        )
     return problems
