@@ -123,14 +123,19 @@ class Escalator:
         self.sleep = sleep
 
     def _signal_new(self, members: dict, signum: int, done: set) -> None:
-        for pid, info in members.items():
-            key = (pid, info.start_time)
-            if key in done:
-                continue
-            done.add(key)
-            self.signaller.send(info, signum)
-            if info.pgid == pid:
-                self.signaller.send_group(info, signum)
+        """Signal processes not signalled in this phase yet: each process group a member leads as a whole (that also
+        reaches children forked after the scan), every other member by PID. Nobody gets the same signal twice."""
+        fresh = {pid: info for pid, info in members.items() if (pid, info.start_time) not in done}
+        reached_groups = set()
+        for pid, info in fresh.items():
+            if info.pgid == pid and self.signaller.send_group(info, signum):
+                reached_groups.add(pid)
+        for pid, info in fresh.items():
+            done.add((pid, info.start_time))
+            if info.pgid in reached_groups:
+                self.signaller.log.record(info, signum)
+            else:
+                self.signaller.send(info, signum)
 
     def _phase(self, members: dict, signum: int, timeout: float, seen: dict) -> dict:
         """Signal ``members`` and everything that shows up until the job is gone or ``timeout`` passes."""

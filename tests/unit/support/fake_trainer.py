@@ -94,10 +94,10 @@ def train(args: argparse.Namespace, role: str) -> None:
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.checkpoint == "signal":
-        signal.signal(signal.SIGUSR1, lambda *_: requested.update(save=True))
+        signal.signal(signal.SIGUSR1, lambda *_args: requested.update(save=True))
     children = [
         spawn(args, "dataloader", ["--ignore-term"] if args.children_ignore_term else [], inherit=False)
-        for _ in range(args.children)
+        for _child in range(args.children)
     ]
     mark_ready(args, role)
     step = args.start_step
