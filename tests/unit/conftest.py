@@ -130,6 +130,7 @@ class Trainers:
         popen = subprocess.Popen(
             [sys.executable, FAKE_TRAINER, role, "--token", self.token, "--state-dir", str(self.tmp_path), *args],
             env=full_env,
+            cwd=str(self.tmp_path),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

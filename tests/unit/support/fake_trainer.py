@@ -70,6 +70,8 @@ def spawn(
 
 
 def write_checkpoint(args: argparse.Namespace, step: int) -> None:
+    if not args.ckpt_dir:
+        return  # a trainer that accepts the request but never saves
     target = os.path.join(args.ckpt_dir, f"step_{step}")
     os.makedirs(target, exist_ok=True)
     with open(os.path.join(target, "model.safetensors"), "wb") as handle:

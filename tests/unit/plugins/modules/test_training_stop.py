@@ -82,7 +82,8 @@ def test_job_ignoring_sigterm_is_killed_after_grace(run_module, trainers, tmp_pa
 
 def test_checkpoint_that_never_lands_leaves_job_running(run_module, trainers, tmp_path, alive):
     # The trainer installs a SIGUSR1 handler but never writes a checkpoint.
-    popen = trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal", "--ckpt-dir", "/nonexistent"))
+    (tmp_path / "ckpt").mkdir()
+    popen = trainers.start("single", "--checkpoint", "signal")  # no --ckpt-dir: it never saves
     result = run_module(
         training_stop.main,
         dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path, timeout=0.5)),
