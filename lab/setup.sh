@@ -12,7 +12,7 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "run as root: the lab creates network namespaces, mounts and containers."
 
-apt_packages=(openssh-server openssh-client systemd-container mmdebstrap iproute2 zstd rsync)
+apt_packages=(openssh-server openssh-client systemd-container mmdebstrap iproute2 zstd shellcheck)
 
 install_debian_packages() {
   local missing=()
