@@ -80,7 +80,7 @@ runtime_venv() {
   make_venv .venv-rt "$py" requirements/runtime-dev.txt
   if [ -f ddtree_runtime/pyproject.toml ]; then
     local stamp
-    stamp=$(cat ddtree_runtime/pyproject.toml | sha256sum | cut -c1-16)
+    stamp=$(sha256sum < ddtree_runtime/pyproject.toml | cut -c1-16)
     if [ "$(cat .venv-rt/.pivot-ddtree 2>/dev/null)" != "$stamp" ]; then
       say "installing ddtree_runtime (editable) into .venv-rt"
       .venv-rt/bin/pip install -q --no-deps --no-build-isolation -e ./ddtree_runtime 2>&1 | grep -v "is ignored: it is neither" >&2 || true
