@@ -447,6 +447,7 @@ class TrainingStop:
     # --- helpers ------------------------------------------------------------------------------------------------
 
     def fail(self, msg: str, **extra) -> None:
+        self.read_last_step()
         self.result["signals"] = self.log.as_list()
         self.timings["total"] = round(time.monotonic() - self.started, 3)
         self.result.update(extra)
@@ -652,15 +653,20 @@ class TrainingStop:
         self.result["changed"] = True
         return outcome
 
-    def read_last_step(self) -> None:
-        log_file = self.params["log_file"]
-        if not log_file:
-            return
+    def validate_log_regex(self) -> None:
         regex = self.params["log_step_regex"]
         try:
             re.compile(regex)
         except re.error as exc:
+            self.params["log_file"] = None  # nothing to read with it
             self.fail("log_step_regex %r is not a valid regular expression: %s" % (regex, exc))
+
+    def read_last_step(self) -> None:
+        """Fill last_step once, at the end of the run (success or failure), from the log's tail."""
+        log_file = self.params["log_file"]
+        if not log_file or "last_log_line" in self.result:
+            return
+        regex = self.params["log_step_regex"]
         try:
             step, line = latest_step_in_log(log_file, regex, self.params["log_tail_bytes"])
         except OSError as exc:
@@ -675,8 +681,7 @@ class TrainingStop:
         tracker = self.build_tracker()
         # Validate regexes before anything is signalled.
         self.checkpoint_watcher()
-        if self.params["log_file"]:
-            self.read_last_step()
+        self.validate_log_regex()
         try:
             members = tracker.scan(first=True)
         except JobError as exc:
@@ -698,7 +703,6 @@ class TrainingStop:
             self.checkpoint_phase(members, tracker)
         outcome = self.stop_phase(tracker)
         self.remove_trigger()
-        self.read_last_step()
         if self.module._diff:
             self.result["diff"]["after"] = process_lines(outcome.remaining)
         if outcome.remaining:
@@ -724,6 +728,7 @@ class TrainingStop:
         )
 
     def finish(self, msg: str) -> None:
+        self.read_last_step()
         self.result["signals"] = self.log.as_list()
         self.timings["total"] = round(time.monotonic() - self.started, 3)
         self.module.exit_json(msg=msg, **self.result)
