@@ -70,13 +70,11 @@ def test_cooperative_job_checkpoints_then_stops(run_module, trainers, tmp_path, 
 
 def test_job_ignoring_sigterm_is_killed_after_grace(run_module, trainers, tmp_path, alive):
     popen = trainers.start("single", "--ignore-term")
-    started = time.monotonic()
     result = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers), grace_period=0.5))
     assert result["failed"] is False, result["msg"]
     assert result["sigkill_needed"] is True
     assert signals_of(result, popen.pid) == ["SIGTERM", "SIGKILL"]
     assert result["timings"]["sigterm"] >= 0.5
-    assert time.monotonic() - started < FAST["kill_timeout"] + 5
     assert not alive(popen.pid)
 
 
