@@ -74,6 +74,8 @@ options:
       - A plain V(NAME) learns the values from processes already known to belong to the job (for example
         V(TORCHELASTIC_RUN_ID), which torchrun sets in every worker); V(NAME=VALUE) matches a fixed value.
       - Choose variables whose values are unique to the job; a value shared with unrelated processes would pull them in.
+        torchrun sets V(TORCHELASTIC_RUN_ID=none) unless it runs with C(--standalone) or C(--rdzv-id), so with several
+        torchrun jobs on one host use a job-specific variable of your own instead.
     type: list
     elements: str
     default: []
