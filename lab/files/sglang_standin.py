@@ -92,7 +92,7 @@ def make_handler(args: argparse.Namespace, ready: threading.Event) -> type[BaseH
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *a: object) -> None:
-            sys.stderr.write("%s - %s\n" % (self.address_string(), fmt % a))
+            sys.stderr.write(f"{self.address_string()} - {fmt % a}\n")
 
         def reply(self, code: int, body: object) -> None:
             data = json.dumps(body).encode() if not isinstance(body, bytes) else body
