@@ -387,6 +387,91 @@ def _lexicographic_min(candidates: torch.Tensor, rank_paths: torch.Tensor) -> to
     return candidates
 
 
+class _Frontier:
+    """Fixed-slot best-first frontier for :func:`build_tree_batch` (``1 + 2 * Bmax`` slots per request)."""
+
+    def __init__(self, batch: int, slots: int, depth_limit: int, device: torch.device) -> None:
+        self.active = torch.zeros((batch, slots), dtype=torch.bool, device=device)
+        self.logw = torch.full((batch, slots), float("-inf"), dtype=torch.float64, device=device)
+        self.paths = torch.full((batch, slots, depth_limit), NO_NODE, dtype=torch.long, device=device)
+        self.parent = torch.zeros((batch, slots), dtype=torch.long, device=device)
+        self.depth = torch.ones((batch, slots), dtype=torch.long, device=device)
+        self.rank = torch.zeros((batch, slots), dtype=torch.long, device=device)
+
+    def best_slot(self) -> torch.Tensor:
+        """Per request, the active slot with the highest score, ties to the smallest rank path."""
+        masked = torch.where(self.active, self.logw, torch.full_like(self.logw, float("-inf")))
+        best = masked.max(dim=-1, keepdim=True).values
+        candidates = _lexicographic_min(self.active & (masked == best), self.paths)
+        return candidates.to(torch.uint8).argmax(dim=-1)
+
+    def write(
+        self,
+        slot: int,
+        push: torch.Tensor,
+        *,
+        logw: torch.Tensor,
+        path: torch.Tensor,
+        parent: torch.Tensor,
+        depth: torch.Tensor,
+        rank: torch.Tensor,
+    ) -> None:
+        self.active[:, slot] = push
+        self.logw[:, slot] = logw
+        self.paths[:, slot] = path
+        self.parent[:, slot] = parent
+        self.depth[:, slot] = depth
+        self.rank[:, slot] = rank
+
+
+@dataclass
+class _BatchNodes:
+    """Growing node arrays of :func:`build_tree_batch`."""
+
+    token_ids: torch.Tensor
+    depths: torch.Tensor
+    ranks: torch.Tensor
+    parents: torch.Tensor
+    logw: torch.Tensor
+    num_nodes: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch: int, max_budget: int, device: torch.device) -> _BatchNodes:
+        logw = torch.full((batch, max_budget + 1), float("-inf"), dtype=torch.float64, device=device)
+        logw[:, 0] = 0.0
+        return cls(
+            token_ids=torch.full((batch, max_budget), NO_NODE, dtype=torch.long, device=device),
+            depths=torch.zeros((batch, max_budget), dtype=torch.long, device=device),
+            ranks=torch.full((batch, max_budget), NO_NODE, dtype=torch.long, device=device),
+            parents=torch.full((batch, max_budget + 1), NO_NODE, dtype=torch.long, device=device),
+            logw=logw,
+            num_nodes=torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    def record(
+        self, step: int, live: torch.Tensor, token: torch.Tensor, fields: tuple[torch.Tensor, ...]
+    ) -> None:
+        logw, parent, depth, rank = fields
+        node = step + 1
+        self.token_ids[:, step] = torch.where(live, token, self.token_ids[:, step])
+        self.depths[:, step] = torch.where(live, depth, self.depths[:, step])
+        self.ranks[:, step] = torch.where(live, rank, self.ranks[:, step])
+        self.parents[:, node] = torch.where(live, parent, self.parents[:, node])
+        self.logw[:, node] = torch.where(live, logw, self.logw[:, node])
+        self.num_nodes += live.to(torch.long)
+
+    def finish(self) -> DraftTreeBatch:
+        return DraftTreeBatch(
+            token_ids=self.token_ids,
+            depths=self.depths,
+            parents=self.parents,
+            visibility=visibility_from_parents(self.parents),
+            log_probs=self.logw[:, 1:],
+            ranks=self.ranks,
+            num_nodes=self.num_nodes,
+        )
+
+
 def build_tree_batch(
     draft_logits: torch.Tensor, budgets: Sequence[int] | torch.Tensor, max_topk: int | None = None
 ) -> DraftTreeBatch:
@@ -408,98 +493,49 @@ def build_tree_batch(
         raise ValueError(f"need {batch} budgets, got {budget_t.shape[0]}")
     if bool((budget_t < 0).any()):
         raise ValueError("budgets must be >= 0")
-    max_budget = int(budget_t.max()) if batch else 0
-    if depth_limit == 0:
-        max_budget = 0
-
-    width = max_budget + 1
-    token_ids = torch.full((batch, max_budget), NO_NODE, dtype=torch.long, device=device)
-    depths = torch.zeros((batch, max_budget), dtype=torch.long, device=device)
-    ranks = torch.full((batch, max_budget), NO_NODE, dtype=torch.long, device=device)
-    parents = torch.full((batch, width), NO_NODE, dtype=torch.long, device=device)
-    node_logw = torch.full((batch, width), float("-inf"), dtype=torch.float64, device=device)
-    node_logw[:, 0] = 0.0
-    num_nodes = torch.zeros(batch, dtype=torch.long, device=device)
+    max_budget = int(budget_t.max()) if batch and depth_limit else 0
+    nodes = _BatchNodes.empty(batch, max_budget, device)
     if max_budget == 0:
-        return DraftTreeBatch(
-            token_ids, depths, parents, visibility_from_parents(parents), node_logw[:, 1:], ranks, num_nodes
-        )
+        return nodes.finish()
 
     k_max = _topk_size(max_budget, vocab, max_topk)
-    k_per_request = budget_t.clamp(max=k_max).clamp(min=1)
+    k_per_request = budget_t.clamp(min=1, max=k_max)
     log_probs, top_ids = depth_log_probs(draft_logits, k_max)
     lp = log_probs.double()
     rows = torch.arange(batch, device=device)
-
-    slots = 1 + 2 * max_budget
-    f_active = torch.zeros((batch, slots), dtype=torch.bool, device=device)
-    f_logw = torch.full((batch, slots), float("-inf"), dtype=torch.float64, device=device)
-    f_paths = torch.full((batch, slots, depth_limit), NO_NODE, dtype=torch.long, device=device)
-    f_parent = torch.zeros((batch, slots), dtype=torch.long, device=device)
-    f_depth = torch.ones((batch, slots), dtype=torch.long, device=device)
-    f_rank = torch.zeros((batch, slots), dtype=torch.long, device=device)
-    node_paths = torch.full((batch, width, depth_limit), NO_NODE, dtype=torch.long, device=device)
-
-    f_active[:, 0] = budget_t > 0
-    f_logw[:, 0] = 0.0 + lp[:, 0, 0]
-    f_paths[:, 0, 0] = 0
+    frontier = _Frontier(batch, 1 + 2 * max_budget, depth_limit, device)
+    root_path = torch.full((batch, depth_limit), NO_NODE, dtype=torch.long, device=device)
+    root_path[:, 0] = 0
+    zeros = torch.zeros(batch, dtype=torch.long, device=device)
+    frontier.write(0, budget_t > 0, logw=0.0 + lp[:, 0, 0], path=root_path, parent=zeros, depth=zeros + 1, rank=zeros)
 
     for step in range(max_budget):
-        live = (budget_t > step) & f_active.any(dim=-1)
+        live = (budget_t > step) & frontier.active.any(dim=-1)
         if not bool(live.any()):
             break
-        masked_logw = torch.where(f_active, f_logw, torch.full_like(f_logw, float("-inf")))
-        best = masked_logw.max(dim=-1, keepdim=True).values
-        candidates = _lexicographic_min(f_active & (masked_logw == best), f_paths)
-        slot = candidates.to(torch.uint8).argmax(dim=-1)
-
-        logw = f_logw[rows, slot]
-        parent = f_parent[rows, slot]
-        depth = f_depth[rows, slot]
-        rank = f_rank[rows, slot]
-        path = f_paths[rows, slot]
-        node = step + 1
-
-        token_ids[:, step] = torch.where(live, top_ids[rows, depth - 1, rank], token_ids[:, step])
-        depths[:, step] = torch.where(live, depth, depths[:, step])
-        ranks[:, step] = torch.where(live, rank, ranks[:, step])
-        parents[:, node] = torch.where(live, parent, parents[:, node])
-        node_logw[:, node] = torch.where(live, logw, node_logw[:, node])
-        node_paths[:, node] = torch.where(live[:, None], path, node_paths[:, node])
-        num_nodes += live.to(torch.long)
-        f_active[rows, slot] = f_active[rows, slot] & ~live
+        slot = frontier.best_slot()
+        logw, parent = frontier.logw[rows, slot], frontier.parent[rows, slot]
+        depth, rank, path = frontier.depth[rows, slot], frontier.rank[rows, slot], frontier.paths[rows, slot]
+        nodes.record(step, live, top_ids[rows, depth - 1, rank], (logw, parent, depth, rank))
+        frontier.active[rows, slot] &= ~live
 
         next_rank = rank + 1
-        push_sibling = live & (next_rank < k_per_request)
-        sibling_slot = 1 + 2 * step
-        sibling_lp = lp[rows, depth - 1, next_rank.clamp(max=k_max - 1)]
-        f_active[:, sibling_slot] = push_sibling
-        f_logw[:, sibling_slot] = node_logw[rows, parent] + sibling_lp
         sibling_path = path.clone()
         sibling_path[rows, depth - 1] = next_rank
-        f_paths[:, sibling_slot] = sibling_path
-        f_parent[:, sibling_slot] = parent
-        f_depth[:, sibling_slot] = depth
-        f_rank[:, sibling_slot] = next_rank
+        sibling_logw = nodes.logw[rows, parent] + lp[rows, depth - 1, next_rank.clamp(max=k_max - 1)]
+        push_sibling = live & (next_rank < k_per_request)
+        frontier.write(
+            1 + 2 * step, push_sibling, logw=sibling_logw, path=sibling_path, parent=parent, depth=depth, rank=next_rank
+        )
 
-        push_child = live & (depth < depth_limit)
-        child_slot = 2 + 2 * step
-        child_depth_index = depth.clamp(max=depth_limit - 1)
-        f_active[:, child_slot] = push_child
-        f_logw[:, child_slot] = logw + lp[rows, child_depth_index, 0]
+        child_level = depth.clamp(max=depth_limit - 1)
         child_path = path.clone()
-        child_path[rows, child_depth_index] = 0
-        f_paths[:, child_slot] = child_path
-        f_parent[:, child_slot] = node
-        f_depth[:, child_slot] = depth + 1
-        f_rank[:, child_slot] = 0
+        child_path[rows, child_level] = 0
+        child_logw = logw + lp[rows, child_level, 0]
+        push_child = live & (depth < depth_limit)
+        child_parent = zeros + step + 1
+        frontier.write(
+            2 + 2 * step, push_child, logw=child_logw, path=child_path, parent=child_parent, depth=depth + 1, rank=zeros
+        )
 
-    return DraftTreeBatch(
-        token_ids=token_ids,
-        depths=depths,
-        parents=parents,
-        visibility=visibility_from_parents(parents),
-        log_probs=node_logw[:, 1:],
-        ranks=ranks,
-        num_nodes=num_nodes,
-    )
+    return nodes.finish()

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 from conftest import TARGET_LAYERS, tiny_drafter_config, tiny_target_config
-
 from ddtree_runtime.reference import (
     DFlashConfig,
     DFlashDrafter,
@@ -141,10 +140,11 @@ def test_drafter_config_errors(tmp_path):
 
 def test_drafter_binding_checks_the_target():
     target = random_qwen3(tiny_target_config(), 0)
-    bad_layers = DFlashConfig.from_dict({**zlab_style_config(), "dflash_config": {"target_layer_ids": [9], "mask_token_id": 1}})
+    raw = zlab_style_config()
+    bad_layers = DFlashConfig.from_dict({**raw, "dflash_config": {"target_layer_ids": [9], "mask_token_id": 1}})
     with pytest.raises(ValueError, match="outside the target's layers"):
         DFlashDrafter(random_dflash(bad_layers, 0), target)
-    bad_mask = DFlashConfig.from_dict({**zlab_style_config(), "dflash_config": {"target_layer_ids": [1], "mask_token_id": 99}})
+    bad_mask = DFlashConfig.from_dict({**raw, "dflash_config": {"target_layer_ids": [1], "mask_token_id": 99}})
     with pytest.raises(ValueError, match="mask_token_id"):
         DFlashDrafter(random_dflash(bad_mask, 0), target)
 
@@ -187,4 +187,5 @@ def test_tree_node_logits_equal_the_chain_logits_of_their_path():
 def test_target_rejects_a_mask_of_the_wrong_shape():
     target = random_qwen3(tiny_target_config(), 0)
     with pytest.raises(ValueError, match="attention_mask"):
-        target(torch.tensor([1, 2]), torch.arange(2), target.new_cache(), attention_mask=torch.ones(2, 3, dtype=torch.bool))
+        bad_mask = torch.ones(2, 3, dtype=torch.bool)
+        target(torch.tensor([1, 2]), torch.arange(2), target.new_cache(), attention_mask=bad_mask)

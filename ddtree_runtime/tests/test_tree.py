@@ -5,9 +5,6 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from ddtree_runtime.tree import (
     NO_NODE,
     DraftTree,
@@ -17,6 +14,8 @@ from ddtree_runtime.tree import (
     depth_log_probs,
     ranked_topk,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def brute_force_scores(logits: torch.Tensor) -> list[float]:

@@ -2,9 +2,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from ddtree_runtime.sampling import SamplingParams, sample_tokens, sampling_probs
 from ddtree_runtime.tree import NO_NODE, build_tree, build_tree_batch
 from ddtree_runtime.verify import (
@@ -14,6 +11,8 @@ from ddtree_runtime.verify import (
     kv_compaction_indices,
     verify_tree,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def small_tree():

@@ -189,6 +189,18 @@ class _SpecState:
             self.pending_features = torch.cat([self.pending_features, features], dim=0)
 
 
+@dataclass
+class _RoundSettings:
+    params: SamplingParams
+    method: Method
+    depth_limit: int
+    budget: int
+    max_topk: int | None
+    generator: torch.Generator | None
+    capture: Sequence[int] = ()
+    stats: GenerationStats = field(default_factory=lambda: GenerationStats(method="", prompt_tokens=0))
+
+
 class SpeculativeDecoder:
     """Runs any of the three decoders on one target (and optionally one drafter)."""
 
@@ -209,6 +221,7 @@ class SpeculativeDecoder:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         method: Method = "ar",
+        *,
         draft_tokens: int = 16,
         budget: int = 16,
         max_topk: int | None = None,
@@ -228,10 +241,15 @@ class SpeculativeDecoder:
             return self._generate_ar(prompt_ids, params, keep_cache, generator)
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-        depth_limit = self.depth_limit(draft_tokens)
-        return self._generate_speculative(
-            prompt_ids, params, method, depth_limit, budget, max_topk, keep_cache, generator
+        settings = _RoundSettings(
+            params=params,
+            method=method,
+            depth_limit=self.depth_limit(draft_tokens),
+            budget=budget,
+            max_topk=max_topk,
+            generator=generator,
         )
+        return self._generate_speculative(prompt_ids, settings, keep_cache)
 
     # -- autoregressive -------------------------------------------------------------------------------
 
@@ -261,17 +279,15 @@ class SpeculativeDecoder:
 
     # -- DFlash and DDTree ----------------------------------------------------------------------------
 
-    def _prefill_speculative(
-        self, prompt_ids: Sequence[int], params: SamplingParams, capture: Sequence[int], generator: torch.Generator | None
-    ) -> _SpecState:
+    def _prefill_speculative(self, prompt_ids: Sequence[int], settings: _RoundSettings) -> _SpecState:
         assert self.drafter is not None
         device = self.target.device
         ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=device)
         cache = self.target.new_cache()
         out = self.target(
-            ids, torch.arange(len(ids), device=device), cache, capture_layers=capture, last_logits_only=True
+            ids, torch.arange(len(ids), device=device), cache, capture_layers=settings.capture, last_logits_only=True
         )
-        bonus = int(sample_tokens(out.logits[-1], params, generator))
+        bonus = int(sample_tokens(out.logits[-1], settings.params, settings.generator))
         return _SpecState(cache, self.drafter.new_state(), [int(t) for t in prompt_ids], bonus, out.features)
 
     def _draft_logits(self, state: _SpecState, depth: int) -> torch.Tensor:
@@ -281,45 +297,25 @@ class SpeculativeDecoder:
         return logits[:depth]
 
     def _generate_speculative(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        method: Method,
-        depth_limit: int,
-        budget: int,
-        max_topk: int | None,
-        keep_cache: bool,
-        generator: torch.Generator | None,
+        self, prompt_ids: Sequence[int], settings: _RoundSettings, keep_cache: bool
     ) -> GenerationResult:
         assert self.drafter is not None
-        stats = GenerationStats(method=method, prompt_tokens=len(prompt_ids))
-        output = _Output(params)
-        capture = self.drafter.feature_layers if depth_limit > 0 else ()
+        settings.capture = self.drafter.feature_layers if settings.depth_limit > 0 else ()
+        stats = settings.stats = GenerationStats(method=settings.method, prompt_tokens=len(prompt_ids))
+        output = _Output(settings.params)
         state: _SpecState | None = None
         if not output.done:
             with stats.timed("prefill"):
-                state = self._prefill_speculative(prompt_ids, params, capture, generator)
+                state = self._prefill_speculative(prompt_ids, settings)
             output.push([state.bonus])
-            round_fn = self._dflash_round if method == "dflash" else self._ddtree_round
+            round_fn = self._dflash_round if settings.method == "dflash" else self._ddtree_round
             while not output.done:
-                depth = min(depth_limit, output.remaining - 1)
-                new_tokens = round_fn(state, params, depth, budget, max_topk, capture, stats, generator)
-                output.push(new_tokens)
+                output.push(round_fn(state, settings, min(settings.depth_limit, output.remaining - 1)))
         cache = state.cache if (keep_cache and state is not None) else None
         return GenerationResult(output.tokens, output.finish_reason, output.matched_stop, stats, cache)
 
-    def _dflash_round(
-        self,
-        state: _SpecState,
-        params: SamplingParams,
-        depth: int,
-        budget: int,
-        max_topk: int | None,
-        capture: Sequence[int],
-        stats: GenerationStats,
-        generator: torch.Generator | None,
-    ) -> list[int]:
-        del budget, max_topk
+    def _dflash_round(self, state: _SpecState, settings: _RoundSettings, depth: int) -> list[int]:
+        stats = settings.stats
         device = self.target.device
         start = state.start
         chain = torch.zeros(0, dtype=torch.long, device=device)
@@ -328,9 +324,10 @@ class SpeculativeDecoder:
                 chain = torch.argmax(self._draft_logits(state, depth), dim=-1)
         ids = torch.cat([torch.tensor([state.bonus], device=device), chain])
         with stats.timed("verify"):
-            out = self.target(ids, torch.arange(start, start + len(ids), device=device), state.cache, capture_layers=capture)
+            positions = torch.arange(start, start + len(ids), device=device)
+            out = self.target(ids, positions, state.cache, capture_layers=settings.capture)
         with stats.timed("sample_walk"):
-            posterior = sample_tokens(out.logits, params, generator)
+            posterior = sample_tokens(out.logits, settings.params, settings.generator)
             matches = (chain == posterior[:-1]).to(torch.long)
             accepted_drafts = int(torch.cumprod(matches, dim=0).sum()) if depth > 0 else 0
             bonus = int(posterior[accepted_drafts])
@@ -345,34 +342,25 @@ class SpeculativeDecoder:
         state.bonus = bonus
         return [*committed[1:], bonus]
 
-    def _ddtree_round(
-        self,
-        state: _SpecState,
-        params: SamplingParams,
-        depth: int,
-        budget: int,
-        max_topk: int | None,
-        capture: Sequence[int],
-        stats: GenerationStats,
-        generator: torch.Generator | None,
-    ) -> list[int]:
+    def _ddtree_round(self, state: _SpecState, settings: _RoundSettings, depth: int) -> list[int]:
+        stats = settings.stats
         device = self.target.device
         start = state.start
-        if depth > 0 and budget > 0:
+        if depth > 0 and settings.budget > 0:
             with stats.timed("draft"):
                 draft_logits = self._draft_logits(state, depth)
             with stats.timed("tree_build"):
-                tree = build_tree(draft_logits, budget, max_topk)
+                tree = build_tree(draft_logits, settings.budget, settings.max_topk)
         else:
             tree = build_tree(torch.zeros(0, 1), 0)
         tree = _on_device(tree, device)
         ids = tree.verify_input_ids(state.bonus)
         with stats.timed("verify"):
-            out = self.target(
-                ids, tree.positions(start), state.cache, attention_mask=tree.attention_mask(start), capture_layers=capture
-            )
+            mask = tree.attention_mask(start)
+            positions = tree.positions(start)
+            out = self.target(ids, positions, state.cache, attention_mask=mask, capture_layers=settings.capture)
         with stats.timed("sample_walk"):
-            result = verify_tree(tree, out.logits, params, generator)
+            result = verify_tree(tree, out.logits, settings.params, settings.generator)
         with stats.timed("commit"):
             state.cache.compact(start, result.accepted)
             if out.features is not None:

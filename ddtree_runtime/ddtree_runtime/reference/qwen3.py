@@ -194,6 +194,7 @@ class Qwen3ForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         cache: KVCache,
+        *,
         attention_mask: torch.Tensor | None = None,
         capture_layers: Sequence[int] = (),
         last_logits_only: bool = False,
@@ -210,7 +211,8 @@ class Qwen3ForCausalLM(nn.Module):
             query_index = torch.arange(past, total, device=input_ids.device)
             attention_mask = causal_allowed(query_index, total)
         elif tuple(attention_mask.shape) != (input_ids.shape[0], total):
-            raise ValueError(f"attention_mask must be [{input_ids.shape[0]}, {total}], got {tuple(attention_mask.shape)}")
+            expected = (input_ids.shape[0], total)
+            raise ValueError(f"attention_mask must be {list(expected)}, got {list(attention_mask.shape)}")
         cos_sin = self.rotary.cos_sin(positions, self.dtype)
         x = self.embed(input_ids)
         captured: dict[int, torch.Tensor] = {}
@@ -261,5 +263,6 @@ def save_qwen3(model: Qwen3ForCausalLM, path: str | Path) -> None:
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
-    state = {k: v for k, v in model.state_dict().items() if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    tied = model.config.tie_word_embeddings
+    state = {k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
     save_safetensors(state, directory / "model.safetensors")
