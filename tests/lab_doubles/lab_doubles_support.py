@@ -10,10 +10,12 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +24,7 @@ FILES = REPO / "lab" / "files"
 NVIDIA_SMI = FILES / "nvidia-smi"
 TRAINSIM = FILES / "trainsim"
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
+TEST_TOKEN_VARIABLE = "PIVOT_LAB_DOUBLES_TEST"
 PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 
 CAPTURE_UUID = "GPU-1d5ec48f-8bbb-2444-2058-2e30e4383e79"
@@ -78,6 +81,8 @@ class SmiEnvironment:
             "FAKE_NVIDIA_CONFIG": str(self.config_path),
             "FAKE_NVIDIA_STATE_DIR": str(self.state_dir),
             "PYTHONPATH": str(FILES),
+            # Inherited by every descendant (also orphans and new sessions): clean-up finds them by it.
+            TEST_TOKEN_VARIABLE: uuid.uuid4().hex,
         }
 
     def configure(self, config: dict) -> None:
@@ -189,11 +194,96 @@ class ProcessTracker:
         for pid in pids:
             self.pids.setdefault(pid, proc_starttime(pid))
 
-    def cleanup(self) -> None:
+    def cleanup(self, token: str | None = None) -> None:
+        """SIGKILL what is tracked, then anything still carrying this test's token."""
         for pid, starttime in self.pids.items():
             if is_running(pid) and proc_starttime(pid) == starttime:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if token:
+            for pid in processes_with_token(token):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for process in self.popens:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
+
+
+def processes_with_token(token: str) -> list[int]:
+    needle = f"{TEST_TOKEN_VARIABLE}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and is_running(int(entry.name)):
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+STEP_LINE = re.compile(
+    r"^\[(?P<minutes>\d+)m\] step=(?P<step>\d+) loss=(?P<loss>---|\d+\.\d+) acc=(?P<acc>---|\d+\.\d+) .*"
+    r"\| tgt=\d+\.\d+b/s dft=\d+\.\d+b/s \(\d+\.\dKtok/s\) \| .*ETA=\d+\.\d[dhm]$"
+)
+REAL_LOG_LINE = "[2158m] step=5381 loss=--- acc=--- ... | tgt=0.48b/s dft=0.48b/s (19.5Ktok/s) | ... ETA=7.1d"
+
+
+class Trainsim:
+    """One simulated training job's directories, environment and log, under a test's tmp dir."""
+
+    def __init__(self, smi: SmiEnvironment, processes: ProcessTracker) -> None:
+        self.smi = smi
+        self.processes = processes
+        root = smi.root
+        self.checkpoint_dir = root / "checkpoints"
+        self.log_file = root / "train.log"
+        self.stdout_file = root / "stdout.log"
+        bin_dir = root / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        # run.sh calls `python3`: make that the python the lab containers have.
+        (bin_dir / "python3").symlink_to(PYTHON)
+        self.env = {**smi.env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+        smi.use_profile("gpus-h200x8.json")
+
+    def fast_flags(self) -> list[str]:
+        return [
+            "--checkpoint-dir", str(self.checkpoint_dir), "--log-file", str(self.log_file),
+            "--step-seconds", "0.05", "--checkpoint-seconds", "0", "--save-every", "0", "--gpu-mib", "1000",
+        ]
+
+    def start(self, *flags: str, command: list[str] | None = None, **popen: object) -> subprocess.Popen:
+        command = command or [PYTHON, str(TRAINSIM / "train_dflash_pipeline.py")]
+        stdout = open(self.stdout_file, "ab")  # noqa: SIM115 - handed to the child, closed below
+        try:
+            return self.processes.start(
+                [*command, *self.fast_flags(), *flags], env=self.env, stdout=stdout, stderr=subprocess.STDOUT,
+                **popen,
+            )
+        finally:
+            stdout.close()
+
+    def log_lines(self) -> list[str]:
+        return self.log_file.read_text().splitlines() if self.log_file.exists() else []
+
+    def steps(self) -> list[int]:
+        return [int(m["step"]) for line in self.log_lines() if (m := STEP_LINE.match(line))]
+
+    def last_step(self) -> int:
+        steps = self.steps()
+        return steps[-1] if steps else -1
+
+    def wait_for_step(self, step: int, timeout: float = 15.0) -> None:
+        wait_for(lambda: self.last_step() >= step, timeout, what=f"step {step}")
+
+    def wait_for_log(self, text: str, timeout: float = 15.0) -> str:
+        return wait_for(
+            lambda: next((line for line in self.log_lines() if text in line), None), timeout, what=repr(text)
+        )
+
+    def complete_steps(self) -> list[int]:
+        if not self.checkpoint_dir.is_dir():
+            return []
+        return sorted(
+            int(p.name.removeprefix("step_")) for p in self.checkpoint_dir.glob("step_*") if (p / "COMPLETE").is_file()
+        )

@@ -96,12 +96,25 @@ def worker_environment(options: argparse.Namespace, local_rank: int) -> dict[str
     return env
 
 
-def start_workers(options: argparse.Namespace) -> list[subprocess.Popen]:
+def start_workers(options: argparse.Namespace, workers: list[subprocess.Popen]) -> None:
+    """Start the workers; a death signal arriving meanwhile is held until the worker is on the list."""
     command = [sys.executable, "-u", options.training_script, *options.training_script_args]
-    return [
-        subprocess.Popen(command, env=worker_environment(options, rank), start_new_session=True)
-        for rank in range(options.nproc_per_node)
-    ]
+    usual_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    def restore_mask() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, usual_mask)
+
+    for rank in range(options.nproc_per_node):
+        signal.pthread_sigmask(signal.SIG_BLOCK, handled_signals())
+        try:
+            # preexec_fn: the worker must not inherit the temporary mask (the agent has no threads).
+            worker = subprocess.Popen(
+                command, env=worker_environment(options, rank), start_new_session=True,
+                preexec_fn=restore_mask,  # noqa: PLW1509
+            )
+            workers.append(worker)
+        finally:
+            restore_mask()
 
 
 def close_workers(workers: list[subprocess.Popen], death_sig: signal.Signals, timeout: float) -> None:
@@ -144,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         log("W", "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default")
     for signum in handled_signals():
         signal.signal(signum, raise_signal_exception)
-    workers = start_workers(options)
+    workers: list[subprocess.Popen] = []
     try:
+        start_workers(options, workers)
         failure = monitor(workers)
     except SignalException as exc:
         log("W", f"Received {exc.sigval} death signal, shutting down workers")
