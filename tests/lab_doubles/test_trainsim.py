@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -171,14 +172,31 @@ def test_never_mode_logs_requests_and_saves_nothing(trainsim):
     assert is_running(trainer.pid)
 
 
-def test_a_request_during_a_periodic_save_of_the_same_step_saves_once(trainsim):
+def test_a_request_during_a_save_is_honoured_at_the_next_step(trainsim):
     trainer = trainsim.start("--save-every", "3", "--checkpoint-seconds", "0.5")
-    wait_for(lambda: any("Saving checkpoint for global step 3" in line for line in trainsim.log_lines()))
+    trainsim.wait_for_log("Saving checkpoint for global step 3 (periodic)")
     trainer.send_signal(signal.SIGUSR1)
-    trainsim.wait_for_log("Checkpoint requested (SIGUSR1)")
-    trainsim.wait_for_step(5)
-    assert trainsim.complete_steps()[0] in (3, 4)
-    assert len(set(trainsim.complete_steps())) == len(trainsim.complete_steps())
+    wait_for(lambda: 4 in trainsim.complete_steps(), what="checkpoint of step 4")
+    events = [re.sub(r" \(\d+\.\ds\)$", "", line.split("] ", 1)[1])
+              for line in trainsim.log_lines() if "heckpoint" in line]
+    assert events[:5] == [
+        f"Saving checkpoint for global step 3 (periodic) to {trainsim.checkpoint_dir}/step_000000003",
+        f"Checkpoint saved: {trainsim.checkpoint_dir}/step_000000003",
+        "Checkpoint requested (SIGUSR1)",
+        f"Saving checkpoint for global step 4 (requested) to {trainsim.checkpoint_dir}/step_000000004",
+        f"Checkpoint saved: {trainsim.checkpoint_dir}/step_000000004",
+    ]
+
+
+def test_a_step_already_saved_is_not_saved_twice(trainsim):
+    trainer = trainsim.start("--save-every", "1")
+    trainsim.wait_for_step(2)
+    trainer.send_signal(signal.SIGUSR1)
+    line = trainsim.wait_for_log("already on disk")
+    step = int(line.split("global step ")[1].split()[0])
+    saves = [entry for entry in trainsim.log_lines() if f"Saving checkpoint for global step {step} " in entry]
+    assert saves == [saves[0]]
+    assert "(requested)" in saves[0]
 
 
 # --- SIGTERM -------------------------------------------------------------------------
@@ -371,7 +389,7 @@ def test_launch_detaches_run_sh_in_its_own_session(trainsim, processes):
     trainsim.wait_for_step(2)
     [trainer] = children_of(run_pid)
     processes.track(trainer)
-    assert proc_cmdline(run_pid)[-len(trainsim.fast_flags()) - 1 :][0].endswith("run.sh")
+    assert proc_cmdline(run_pid)[1] == str(TRAINSIM / "run.sh")
     assert os.getsid(run_pid) == run_pid != os.getsid(0)
     assert os.getsid(trainer) == run_pid
     wait_for(lambda: "step=2 " in stdout.read_text(), what="stdout file")
