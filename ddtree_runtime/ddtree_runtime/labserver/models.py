@@ -1,0 +1,228 @@
+"""Lab models and tokenizers.
+
+The lab's serving host has no weights at the production paths. When ``PIVOT_LAB_MODEL_ROOT`` is set and a
+model path has no ``config.json``, the path is mapped to ``$PIVOT_LAB_MODEL_ROOT/<path with / as _>`` and a
+small random model is created there on first use (seeded from the path, so every host builds the same
+weights; written atomically; never downloaded). Targets are Qwen3 checkpoints; drafters are z-lab-format
+DFlash checkpoints sized to the target. Lab models carry ``pivot_lab_model.json`` describing their origin.
+
+Tokenizer: a model directory with ``tokenizer.json`` uses Hugging Face's tokenizer when ``transformers`` is
+installed; otherwise (and for lab models) :class:`ByteTokenizer` is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from ddtree_runtime.reference import (
+    DFlashConfig,
+    Qwen3Config,
+    build_target_layer_ids,
+    random_dflash,
+    random_qwen3,
+    save_dflash,
+    save_qwen3,
+)
+
+LAB_ROOT_ENV = "PIVOT_LAB_MODEL_ROOT"
+LAB_MARKER = "pivot_lab_model.json"
+
+SPECIAL_TOKENS = {
+    "<|endoftext|>": 256,
+    "<|im_start|>": 257,
+    "<|im_end|>": 258,
+    "<think>": 259,
+    "</think>": 260,
+    "<|mask|>": 261,
+    "<tool_call>": 262,
+    "</tool_call>": 263,
+}
+BYTE_VOCAB = 264
+LAB_VOCAB = 320
+LAB_TARGET_LAYERS = 6
+LAB_BLOCK_SIZE = 16
+
+
+class Tokenizer(Protocol):
+    eos_token_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, ChatML special tokens at 256..263, ids above decode to one printable
+    ASCII character each (so random lab models produce visible text)."""
+
+    eos_token_ids = frozenset({SPECIAL_TOKENS["<|endoftext|>"], SPECIAL_TOKENS["<|im_end|>"]})
+    _by_id: ClassVar[dict[int, str]] = {v: k for k, v in SPECIAL_TOKENS.items()}
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        position = 0
+        while position < len(text):
+            special = next((s for s in SPECIAL_TOKENS if text.startswith(s, position)), None)
+            if special is not None:
+                ids.append(SPECIAL_TOKENS[special])
+                position += len(special)
+            else:
+                ids.extend(text[position].encode())
+                position += 1
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        pieces: list[str] = []
+        pending = bytearray()
+        for token in ids:
+            if token < 256:
+                pending.append(token)
+                continue
+            pieces.append(pending.decode(errors="replace"))
+            pending.clear()
+            if token in self._by_id:
+                keep = not skip_special_tokens or self._by_id[token] in ("<think>", "</think>")
+                pieces.append(self._by_id[token] if keep else "")
+            else:
+                pieces.append(chr(33 + token % 94))
+        pieces.append(pending.decode(errors="replace"))
+        return "".join(pieces)
+
+
+class HfTokenizer:
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer  # noqa: PLC0415 - optional dependency
+
+        self._tok = AutoTokenizer.from_pretrained(str(directory))
+        eos = self._tok.eos_token_id
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=True))
+
+
+def load_tokenizer(directory: Path) -> Tokenizer:
+    if (directory / "tokenizer.json").is_file():
+        try:
+            return HfTokenizer(directory)
+        except ImportError:
+            pass
+    return ByteTokenizer()
+
+
+def chat_prompt(messages: list[dict[str, Any]]) -> str:
+    """ChatML prompt (Qwen's format) ending with the assistant header."""
+    parts = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        parts.append(f"<|im_start|>{message.get('role', 'user')}\n{content}<|im_end|>\n")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def lab_seed(path: str) -> int:
+    return int.from_bytes(hashlib.sha256(path.encode()).digest()[:4], "big")
+
+
+def lab_dir_for(path: str, root: Path) -> Path:
+    slug = path.strip("/").replace("/", "_") or "root"
+    return root / slug
+
+
+def lab_target_config() -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=LAB_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAB_TARGET_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=131072,
+        eos_token_id=sorted(ByteTokenizer.eos_token_ids),
+    )
+
+
+def lab_drafter_config(target: Qwen3Config) -> DFlashConfig:
+    return DFlashConfig(
+        vocab_size=target.vocab_size,
+        hidden_size=target.hidden_size,
+        intermediate_size=target.intermediate_size,
+        num_hidden_layers=2,
+        num_attention_heads=target.num_attention_heads,
+        num_key_value_heads=target.num_key_value_heads,
+        head_dim=target.head_dim,
+        block_size=LAB_BLOCK_SIZE,
+        target_layer_ids=build_target_layer_ids(target.num_hidden_layers, 2),
+        mask_token_id=SPECIAL_TOKENS["<|mask|>"],
+        max_position_embeddings=target.max_position_embeddings,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=2048,
+    )
+
+
+def _publish(directory: Path, write: Any) -> None:
+    """Create ``directory`` atomically: build in a sibling temp dir, then rename (a concurrent winner wins)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        write(staging)
+        os.rename(staging, directory)
+    except OSError:
+        if not (directory / "config.json").is_file():
+            raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def resolve_target_dir(path: str) -> Path:
+    """The directory to load the target from (creating a lab model when the path is not on disk)."""
+    given = Path(path)
+    if (given / "config.json").is_file():
+        return given
+    root = os.environ.get(LAB_ROOT_ENV)
+    if not root:
+        raise FileNotFoundError(f"{path} has no config.json (set {LAB_ROOT_ENV} to serve a random lab model)")
+    directory = lab_dir_for(path, Path(root))
+    if not (directory / "config.json").is_file():
+        seed = lab_seed(path)
+
+        def write(staging: Path) -> None:
+            save_qwen3(random_qwen3(lab_target_config(), seed, std=0.1), staging)
+            marker = {"kind": "target", "production_path": path, "seed": seed, "random_weights": True}
+            (staging / LAB_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+        _publish(directory, write)
+    return directory
+
+
+def resolve_drafter_dir(path: str, target: Qwen3Config) -> Path:
+    given = Path(path)
+    if (given / "config.json").is_file():
+        return given
+    root = os.environ.get(LAB_ROOT_ENV)
+    if not root:
+        raise FileNotFoundError(f"{path} has no config.json (set {LAB_ROOT_ENV} to serve a random lab model)")
+    directory = lab_dir_for(path, Path(root))
+    if not (directory / "config.json").is_file():
+        seed = lab_seed(path)
+
+        def write(staging: Path) -> None:
+            save_dflash(random_dflash(lab_drafter_config(target), seed, std=0.1), staging)
+            marker = {"kind": "dflash_drafter", "production_path": path, "seed": seed, "random_weights": True}
+            (staging / LAB_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+        _publish(directory, write)
+    return directory
