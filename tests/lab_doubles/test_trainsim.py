@@ -239,8 +239,13 @@ def test_sigterm_checkpoint_then_exit(trainsim):
     assert_complete_checkpoint(trainsim.checkpoint_dir / f"step_{step:09d}", step)
 
 
+def restore_default_sigint() -> None:
+    # A background job of a non-interactive shell inherits SIGINT ignored; Python then keeps ignoring it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_is_a_keyboard_interrupt(trainsim):
-    trainer = trainsim.start()
+    trainer = trainsim.start(preexec_fn=restore_default_sigint)
     trainsim.wait_for_step(1)
     trainer.send_signal(signal.SIGINT)
     assert trainer.wait(timeout=10) != 0
