@@ -445,10 +445,14 @@ class TrainingStop:
         self.checkpoint_params = self.params["checkpoint"] or {}
         self.trigger_created = False
         self.started = time.monotonic()
+        self.open_phase = None  # (name, start) of a phase a failure may interrupt, so its timing is still reported
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
     def fail(self, msg: str, **extra) -> None:
+        if self.open_phase is not None:
+            name, phase_started = self.open_phase
+            self.timings.setdefault(name, round(time.monotonic() - phase_started, 3))
         self.read_last_step()
         self.result["signals"] = self.log.as_list()
         self.timings["total"] = round(time.monotonic() - self.started, 3)
@@ -597,6 +601,7 @@ class TrainingStop:
 
     def checkpoint_phase(self, members: dict, tracker: JobTracker) -> None:
         started = time.monotonic()
+        self.open_phase = ("checkpoint", started)
         watcher = self.checkpoint_watcher()
         if watcher is not None:
             watcher.take_baseline()
@@ -629,6 +634,7 @@ class TrainingStop:
             else:
                 checkpoint.update(path=found.path, step=found.step, size_bytes=found.size, completed_at=utc_now())
         self.timings["checkpoint"] = round(time.monotonic() - started, 3)
+        self.open_phase = None
 
     def systemctl_stop(self) -> None:
         systemctl = self.module.get_bin_path("systemctl", required=True)
