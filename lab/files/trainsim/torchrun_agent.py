@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import datetime
 from types import FrameType
 
@@ -77,6 +78,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("training_script")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
+    # Like torchrun: --standalone picks a random run id; otherwise it is "none".
+    options.run_id = uuid.uuid4().hex if options.standalone else "none"
     if options.shutdown_timeout is None:
         options.shutdown_timeout = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
     return options
@@ -89,7 +92,7 @@ def worker_environment(options: argparse.Namespace, local_rank: int) -> dict[str
         RANK=str(local_rank), LOCAL_RANK=str(local_rank), GROUP_RANK="0", ROLE_RANK=str(local_rank),
         ROLE_NAME="default", LOCAL_WORLD_SIZE=size, WORLD_SIZE=size, ROLE_WORLD_SIZE=size,
         MASTER_ADDR=options.master_addr, MASTER_PORT=str(options.master_port), TORCHELASTIC_RESTART_COUNT="0",
-        TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="none", TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID=options.run_id, TORCHELASTIC_USE_AGENT_STORE="True",
     )
     if "OMP_NUM_THREADS" not in os.environ and options.nproc_per_node > 1:
         env["OMP_NUM_THREADS"] = "1"
