@@ -28,10 +28,12 @@ distribution ``Q(u) = prod_d q_d(u_d)`` (Ringel & Romano, Prop. 2-3), restricted
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -78,7 +80,13 @@ def ranked_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     if k == vocab:
         order = torch.sort(values, dim=-1, descending=True, stable=True)
         return order.values, order.indices
-    threshold = torch.topk(values, k, dim=-1).values[..., -1:]
+    top_values, top_ids = torch.topk(values, k, dim=-1)
+    threshold = top_values[..., -1:]
+    if bool(((values >= threshold).sum(dim=-1) == k).all()):
+        # The selected set is unambiguous; only the order of equal values inside it needs fixing.
+        ids_ascending, perm = torch.sort(top_ids, dim=-1)
+        order = torch.sort(torch.gather(top_values, -1, perm), dim=-1, descending=True, stable=True)
+        return order.values, torch.gather(ids_ascending, -1, order.indices)
     above = values > threshold
     at_threshold = values == threshold
     missing = k - above.sum(dim=-1, keepdim=True)
@@ -120,6 +128,17 @@ def visibility_from_parents(parents: torch.Tensor) -> torch.Tensor:
             vis[:, i, :i] = inherited
         vis[:, i, i] = True
     return vis.reshape(*batch_shape, size, size)
+
+
+def _visibility_rows(parents: list[int]) -> np.ndarray:
+    """Ancestor-or-self matrix of one tree whose parents precede their children (numpy, row copies)."""
+    size = len(parents)
+    vis = np.zeros((size, size), dtype=np.bool_)
+    vis[0, 0] = True
+    for i in range(1, size):
+        vis[i, :i] = vis[parents[i], :i]
+        vis[i, i] = True
+    return vis
 
 
 def retrieve_lists_from_parents(parents: torch.Tensor, num_nodes: torch.Tensor) -> RetrieveLists:
@@ -226,6 +245,19 @@ class DraftTree:
         return path[::-1]
 
 
+class _StageClock:
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        if self.timings is None:
+            return
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self.last
+        self.last = now
+
+
 def _root_only_tree(device: torch.device) -> DraftTree:
     empty_long = torch.zeros(0, dtype=torch.long, device=device)
     return DraftTree(
@@ -247,12 +279,20 @@ def _topk_size(budget: int, vocab: int, max_topk: int | None) -> int:
     return k
 
 
-def build_tree(draft_logits: torch.Tensor, budget: int, max_topk: int | None = None) -> DraftTree:
+def build_tree(
+    draft_logits: torch.Tensor,
+    budget: int,
+    max_topk: int | None = None,
+    timings: dict[str, float] | None = None,
+) -> DraftTree:
     """Best-first DDTree over ``draft_logits [L, V]`` with at most ``budget`` non-root nodes.
 
     ``max_topk`` optionally caps the per-depth top-k (``max_topk = 1`` gives the DFlash argmax chain).
     See the module docstring for the exact ordering and arithmetic. Runs the heap on the CPU in Python.
+    ``timings``, when given, receives seconds spent in ``topk`` (log-softmax top-k and the host copy),
+    ``heap`` and ``visibility``.
     """
+    clock = _StageClock(timings)
     if draft_logits.dim() != 2:
         raise ValueError(f"draft_logits must be [L, V], got shape {tuple(draft_logits.shape)}")
     if budget < 0:
@@ -265,6 +305,7 @@ def build_tree(draft_logits: torch.Tensor, budget: int, max_topk: int | None = N
     log_probs, ids = depth_log_probs(draft_logits, k)
     lp = log_probs.double().cpu().tolist()
     tok = ids.cpu().tolist()
+    clock.lap("topk")
 
     node_logw = [0.0]
     parents = [NO_NODE]
@@ -288,13 +329,14 @@ def build_tree(draft_logits: torch.Tensor, budget: int, max_topk: int | None = N
         if depth < depth_limit:
             child_logw = logw + lp[depth][0]
             heapq.heappush(heap, (-child_logw, (*rank_path, 0), node, depth + 1, 0))
-
-    parents_t = torch.tensor(parents, dtype=torch.long, device=device)
+    clock.lap("heap")
+    visibility = torch.from_numpy(_visibility_rows(parents)).to(device)
+    clock.lap("visibility")
     return DraftTree(
         token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
         depths=torch.tensor(depths, dtype=torch.long, device=device),
-        parents=parents_t,
-        visibility=visibility_from_parents(parents_t),
+        parents=torch.tensor(parents, dtype=torch.long, device=device),
+        visibility=visibility,
         log_probs=torch.tensor(node_logw[1:], dtype=torch.float64, device=device),
         ranks=torch.tensor(ranks, dtype=torch.long, device=device),
     )

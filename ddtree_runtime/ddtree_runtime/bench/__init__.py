@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): tree build time and tau of the reference decoders."""

@@ -1,0 +1,101 @@
+"""Benchmark: acceptance length (tau) and CPU throughput of AR vs DFlash vs DDTree on a model pair.
+
+By default the pair is the lab's random Qwen3 target + random DFlash drafter (created under a temp dir from
+the lab configs; see :mod:`ddtree_runtime.labserver.models`). With random weights the drafter carries no
+information about the target, so tau is about 1 for every method; that is the expected result, not a bug.
+Pass ``--target``/``--drafter`` directories to run a trained pair instead.
+
+    python -m ddtree_runtime.bench.tau --prompts 8 --max-new-tokens 64 --budgets 16,64,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ddtree_runtime.labserver.models import ByteTokenizer, chat_prompt, resolve_drafter_dir, resolve_target_dir
+from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash, load_qwen3
+from ddtree_runtime.sampling import SamplingParams
+
+PROMPTS = [
+    "Explain speculative decoding in one paragraph.",
+    "Write a Python function that reverses a linked list.",
+    "What is the capital of France?",
+    "List three prime numbers greater than 100.",
+    "Summarise the plot of Hamlet.",
+    "Translate 'good morning' into German.",
+    "Why is the sky blue?",
+    "Give me a haiku about GPUs.",
+]
+
+
+def load_pair(target: str | None, drafter: str | None, dtype: torch.dtype) -> SpeculativeDecoder:
+    if target is None:
+        import os  # noqa: PLC0415 - only the random-pair path touches the environment
+
+        root = tempfile.mkdtemp(prefix="ddtree-bench-")
+        os.environ["PIVOT_LAB_MODEL_ROOT"] = root
+        target_dir = resolve_target_dir("/bench/target")
+        model = load_qwen3(target_dir, dtype=dtype)
+        drafter_dir = resolve_drafter_dir("/bench/drafter", model.config)
+    else:
+        target_dir, model = Path(target), load_qwen3(target, dtype=dtype)
+        drafter_dir = Path(drafter) if drafter else None
+    draft = DFlashDrafter(load_dflash(drafter_dir, dtype=dtype), model) if drafter_dir else None
+    return SpeculativeDecoder(model, draft)
+
+
+def run(
+    decoder: SpeculativeDecoder,
+    prompts: list[list[int]],
+    method: str,
+    params: SamplingParams,
+    reference: list[list[int]],
+    **kw: int,
+) -> tuple[str, list[list[int]]]:
+    """One table row (tau, tokens, CPU tokens/s, whether every output equals ``reference``) and the outputs."""
+    taus, outputs, seconds = [], [], 0.0
+    for ids in prompts:
+        begin = time.perf_counter()
+        result = decoder.generate(ids, params, method, **kw)  # type: ignore[arg-type]
+        seconds += time.perf_counter() - begin
+        outputs.append(result.tokens)
+        taus.append(result.stats.tau)
+    tokens = sum(len(o) for o in outputs)
+    tau = sum(taus) / len(taus)
+    label = method if method == "ar" else f"{method} {kw}"
+    same = "yes" if not reference or outputs == reference else "NO"
+    return f"| {label} | {tau:.3f} | {tokens} | {tokens / seconds:.1f} | {same} |", outputs
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target")
+    p.add_argument("--drafter")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--draft-tokens", type=int, default=16)
+    p.add_argument("--budgets", default="16,64,256")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    decoder = load_pair(args.target, args.drafter, torch.float32)
+    tokenizer = ByteTokenizer()
+    prompts = [tokenizer.encode(chat_prompt([{"role": "user", "content": t}])) for t in PROMPTS[: args.prompts]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    print(f"prompts={len(prompts)} max_new_tokens={args.max_new_tokens} greedy, threads={args.threads}")
+    print("| method | mean tau | tokens | tokens/s (CPU) | output == AR |")
+    print("|---|---|---|---|---|")
+    row, reference = run(decoder, prompts, "ar", params, [])
+    print(row)
+    print(run(decoder, prompts, "dflash", params, reference, draft_tokens=args.draft_tokens)[0])
+    for budget in (int(b) for b in args.budgets.split(",")):
+        print(run(decoder, prompts, "ddtree", params, reference, draft_tokens=args.draft_tokens, budget=budget)[0])
+
+
+if __name__ == "__main__":
+    main()
