@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Launcher of the DFlash drafter training job -- Pivot lab TEST DOUBLE of the user's run.sh.
 #
 #   ./run.sh [--nproc-per-node N] [trainer flags...]
