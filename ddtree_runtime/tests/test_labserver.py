@@ -286,6 +286,19 @@ def test_bad_requests_get_4xx(ddtree_server):
     assert request(ddtree_server.url("/nope"))[0] == 404
 
 
+def test_text_completions_and_streamed_chat(ddtree_server):
+    wait_healthy(ddtree_server)
+    code, raw = request(ddtree_server.url("/v1/completions"), {"prompt": "abc", "max_tokens": 5, "temperature": 0})
+    reply = json.loads(raw)
+    assert code == 200 and reply["object"] == "text_completion" and reply["usage"]["completion_tokens"] <= 5
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "temperature": 0, "stream": True}
+    code, raw = request(ddtree_server.url("/v1/chat/completions"), chat)
+    events = [line[len("data: ") :] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert code == 200 and events[-1] == "[DONE]"
+    chunk = json.loads(events[0])
+    assert chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["delta"]["role"] == "assistant"
+
+
 def test_sigterm_exits_cleanly_and_removes_the_registry_file(ddtree_server):
     wait_healthy(ddtree_server)
     registry = ddtree_server.state_dir / "procs" / f"{ddtree_server.process.pid}.json"
