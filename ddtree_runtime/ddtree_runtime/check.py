@@ -1,0 +1,167 @@
+"""Self-check of an installed ddtree_runtime: ``python -m ddtree_runtime.check [--json] [--require-sglang-plugin]``.
+
+Run on the serving host before the service is switched (the Ansible role does). Each check reports
+``{name, ok, detail}``; the command exits 0 when all are ok and 1 otherwise:
+
+- ``torch``: the torch the package runs on;
+- ``gpu``: the GPU torch sees, with its compute capability (a host without one passes, saying so);
+- ``cuda_extension``: whether the compiled kernels are present (else the PyTorch path is used);
+- ``tree``: a best-first tree from random drafter logits has the structure DDTree guarantees;
+- ``ddtree_decode``: a short greedy DDTree decode with small random models equals autoregressive decoding, on
+  the GPU when there is one;
+- ``sglang_plugin``: SGLang in this environment resolves ``DDTREE`` through the plugin entry point (required with
+  ``--require-sglang-plugin``; otherwise reported when SGLang is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ddtree_runtime import __version__
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def check_torch() -> Check:
+    return Check("torch", True, f"torch {torch.__version__}, ddtree_runtime {__version__}")
+
+
+def best_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def check_gpu() -> Check:
+    if not torch.cuda.is_available():
+        return Check("gpu", True, "no GPU visible to torch: CPU only")
+    names = []
+    for index in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(index)
+        names.append(f"{index}: {torch.cuda.get_device_name(index)} (sm_{major}{minor})")
+    return Check("gpu", True, "; ".join(names))
+
+
+def check_cuda_extension() -> Check:
+    if importlib.util.find_spec("ddtree_runtime.ops") is None:
+        return Check("cuda_extension", True, "not part of this build: the PyTorch path is used")
+    from ddtree_runtime import ops  # noqa: PLC0415 - optional module
+
+    available = getattr(ops, "extension_available", lambda: False)()
+    return Check("cuda_extension", True, "compiled kernels loaded" if available else "not built: PyTorch path")
+
+
+def check_tree() -> Check:
+    from ddtree_runtime.tree import build_tree  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(0)
+    depth, vocab, budget = 15, 1000, 64
+    tree = build_tree(torch.randn(depth, vocab, generator=generator), budget)
+    parents = tree.parents.tolist()
+    depths = tree.depths.tolist()
+    problems = []
+    if len(depths) != budget:
+        problems.append(f"{len(depths)} nodes instead of {budget}")
+    if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
+        problems.append("a parent does not precede its child")
+    rows = tree.visibility.sum(dim=1).tolist()
+    if rows != [1] + [d + 1 for d in depths]:
+        problems.append("visibility rows do not match depths")
+    if problems:
+        return Check("tree", False, "; ".join(problems))
+    return Check("tree", True, f"budget {budget} over {depth}x{vocab} logits: valid tree, max depth {max(depths)}")
+
+
+def check_ddtree_decode() -> Check:
+    from ddtree_runtime.reference import (  # noqa: PLC0415
+        DFlashConfig,
+        DFlashDrafter,
+        Qwen3Config,
+        SpeculativeDecoder,
+        build_target_layer_ids,
+        random_dflash,
+        random_qwen3,
+    )
+    from ddtree_runtime.sampling import SamplingParams  # noqa: PLC0415
+
+    device = best_device()
+    vocab, layers = 64, 4
+    target_config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    drafter_config = DFlashConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, block_size=16,
+                                  target_layer_ids=build_target_layer_ids(layers, 2), mask_token_id=vocab - 1)
+    target = random_qwen3(target_config, seed=1, std=0.3).to(device)
+    drafter = random_dflash(drafter_config, seed=2, std=0.3).to(device)
+    decoder = SpeculativeDecoder(target, DFlashDrafter(drafter, target))
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    prompt = [3, 17, 5, 9, 30, 2]
+    reference = decoder.generate(prompt, params, "ar").tokens
+    tree = decoder.generate(prompt, params, "ddtree", draft_tokens=16, budget=32).tokens
+    if tree != reference:
+        return Check("ddtree_decode", False, f"on {device}: DDTree {tree} != autoregressive {reference}")
+    return Check("ddtree_decode", True, f"on {device}: greedy DDTree == autoregressive over {len(tree)} tokens")
+
+
+def check_sglang_plugin(required: bool) -> Check | None:
+    if importlib.util.find_spec("sglang") is None:
+        if required:
+            return Check("sglang_plugin", False, "SGLang is not installed in this environment")
+        return None
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        from sglang.srt.plugins import load_plugins  # noqa: PLC0415
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: PLC0415
+
+        load_plugins()
+        algorithm = SpeculativeAlgorithm.from_string("DDTREE")
+    except Exception as error:  # noqa: BLE001 - any failure here is the finding
+        return Check("sglang_plugin", False, f"SGLang does not resolve DDTREE: {type(error).__name__}: {error}")
+    return Check("sglang_plugin", True, f"SGLang {version('sglang')} resolves DDTREE to {algorithm!r}")
+
+
+def run_checks(require_sglang_plugin: bool) -> list[Check]:
+    checks: list[Callable[[], Check | None]] = [
+        check_torch, check_gpu, check_cuda_extension, check_tree, check_ddtree_decode,
+        lambda: check_sglang_plugin(require_sglang_plugin),
+    ]
+    results = []
+    for run in checks:
+        try:
+            result = run()
+        except Exception as error:  # noqa: BLE001 - a crashing check is a failed check, not a traceback
+            name = getattr(run, "__name__", "check").removeprefix("check_")
+            result = Check(name, False, f"{type(error).__name__}: {error}")
+        if result is not None:
+            results.append(result)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddtree_runtime.check", description="Self-check of ddtree_runtime.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    parser.add_argument("--require-sglang-plugin", action="store_true", help="fail unless SGLang resolves DDTREE")
+    options = parser.parse_args(argv)
+    results = run_checks(options.require_sglang_plugin)
+    ok = all(result.ok for result in results)
+    if options.json:
+        print(json.dumps({"ok": ok, "checks": [asdict(result) for result in results]}))
+    else:
+        for result in results:
+            print(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
