@@ -23,6 +23,7 @@ __all__ = [
     "follow_greedy",
     "follow_greedy_batch",
     "kv_compaction_indices",
+    "kv_compaction_indices_batch",
     "verify_tree",
 ]
 
@@ -128,6 +129,22 @@ def kv_compaction_indices(start: int, accepted: list[int]) -> tuple[torch.Tensor
     src = torch.tensor([s for s, _ in moving], dtype=torch.long)
     dst = torch.tensor([d for _, d in moving], dtype=torch.long)
     return src, dst
+
+
+def kv_compaction_indices_batch(
+    starts: torch.Tensor, accept_index: torch.Tensor, num_accepted: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batched :func:`kv_compaction_indices` over :func:`follow_greedy_batch`'s output.
+
+    ``starts [B]`` are the per-request positions of the root (their committed lengths); returns
+    ``(request, src, dst)`` flat int64 tensors listing only moving slots, ordered by request then ``dst``.
+    """
+    depth = torch.arange(accept_index.shape[1], device=accept_index.device)
+    moving = (depth[None, :] < num_accepted[:, None]) & (accept_index != depth[None, :])
+    request, column = torch.nonzero(moving, as_tuple=True)
+    src = starts[request] + accept_index[request, column]
+    dst = starts[request] + column
+    return request, src, dst
 
 
 def compact_kv_(cache: torch.Tensor, seq_dim: int, start: int, accepted: list[int]) -> None:

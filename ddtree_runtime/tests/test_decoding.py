@@ -13,7 +13,16 @@ from ddtree_runtime.reference import SpeculativeDecoder
 from ddtree_runtime.reference.cache import KVCache
 from ddtree_runtime.sampling import SamplingParams
 
-PROMPTS = [[1, 2, 3], [30, 7], [5, 5, 5, 5, 5, 9], [0], [12, 19, 2, 27, 3, 8, 8, 1], [22, 14, 6, 11]]
+PROMPTS = [
+    [1, 2, 3],
+    [30, 7],
+    [5, 5, 5, 5, 5, 9],
+    [0],
+    [12, 19, 2, 27, 3, 8, 8, 1],
+    [22, 14, 6, 11],
+    [31, 31, 31],  # the drafter's mask token id is an ordinary prompt token
+    *torch.randint(0, 32, (5, 7), generator=torch.Generator().manual_seed(99)).tolist(),
+]
 BUDGETS = [0, 1, 4, 16, 64]
 DRAFT_TOKENS = [1, 4, 16]
 

@@ -9,6 +9,7 @@ from ddtree_runtime.verify import (
     follow_greedy,
     follow_greedy_batch,
     kv_compaction_indices,
+    kv_compaction_indices_batch,
     verify_tree,
 )
 from hypothesis import given, settings
@@ -75,6 +76,13 @@ def test_walk_invariants_and_batched_walk_agree(seed, batch, vocab):
         assert all(tree.parents[accepted[j]].item() == accepted[j - 1] for j in range(1, len(accepted)))
         assert expected_bonus not in tree.child_maps[accepted[-1]]
         assert 1 <= len(accepted) <= 1 + tree.max_depth
+    starts = torch.randint(0, 50, (batch,), generator=generator)
+    request, src, dst = kv_compaction_indices_batch(starts, accept_index, num_accepted)
+    for b in range(batch):
+        accepted = accept_index[b, : num_accepted[b]].tolist()
+        expected_src, expected_dst = kv_compaction_indices(int(starts[b]), accepted)
+        assert src[request == b].tolist() == expected_src.tolist()
+        assert dst[request == b].tolist() == expected_dst.tolist()
 
 
 def test_verify_tree_greedy_uses_argmax_at_every_node():
