@@ -334,3 +334,23 @@ def test_unknown_flag_exits_2_and_missing_model_exits_1(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env, check=False,
     )
     assert missing.returncode == 1 and "PIVOT_LAB_MODEL_ROOT" in missing.stderr
+
+
+def test_server_path_works_without_transformers(tmp_path):
+    """The serving host may lack transformers: load a lab model and generate with it blocked from import."""
+    script = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import os; os.environ['PIVOT_LAB_MODEL_ROOT'] = sys.argv[1]\n"
+        "from ddtree_runtime.labserver.cli import parse_args, tree_knobs_from_env\n"
+        "from ddtree_runtime.labserver.engine import LabEngine\n"
+        "from ddtree_runtime.sampling import SamplingParams\n"
+        "args = parse_args(['--model-path', '/m/t', '--speculative-algorithm', 'DDTREE',"
+        " '--speculative-draft-model-path', '/m/d'])\n"
+        "engine = LabEngine(args, tree_knobs_from_env()); engine.load()\n"
+        "print(len(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=5)).tokens))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "5"
