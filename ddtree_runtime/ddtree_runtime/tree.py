@@ -7,7 +7,10 @@ reproduce them bit for bit):
    ``log_z = logsumexp(logits)`` in float32 and ``lp = top_logit - log_z`` in float32. A top logit of ``-inf``
    gives ``lp = -inf`` (also when the whole row is ``-inf``); NaN or ``+inf`` logits are rejected.
 2. **Per-depth top-k.** ``K = min(budget, V, max_topk)``. Tokens are ranked by logit descending, ties broken by
-   the lower token id (see :func:`ranked_topk`); rank ``r`` is 0-based.
+   the lower token id (see :func:`ranked_topk`); rank ``r`` is 0-based. Float32 ``logsumexp`` is not
+   bit-reproducible across backends (reduction order), so cross-implementation parity is defined from
+   identical top-k arrays: :func:`build_tree_from_topk` / :func:`build_tree_batch_from_topk` run only the
+   search below.
 3. **Prefix scores.** ``logw(u)`` of a prefix ``u = (u_1..u_d)`` is the float64 left fold
    ``((0.0 + lp_1) + lp_2) + ... + lp_d`` of the float32 values widened to float64. A sibling's score is
    computed from its parent's score (never ``logw - lp[r] + lp[r + 1]``), so ``-inf`` never produces NaN.
@@ -43,6 +46,8 @@ __all__ = [
     "build_chain_tree",
     "build_tree",
     "build_tree_batch",
+    "build_tree_batch_from_topk",
+    "build_tree_from_topk",
     "depth_log_probs",
     "ranked_topk",
     "retrieve_lists_from_parents",
@@ -303,6 +308,33 @@ def build_tree(
         return _root_only_tree(device)
     k = _topk_size(budget, vocab, max_topk)
     log_probs, ids = depth_log_probs(draft_logits, k)
+    return _search_heap(log_probs, ids, budget, device, clock)
+
+
+def build_tree_from_topk(top_log_probs: torch.Tensor, top_ids: torch.Tensor, budget: int) -> DraftTree:
+    """The heap search alone, from precomputed ``[L, K]`` float32 log-probs and token ids in rank order.
+
+    Uses ``k = min(budget, K)`` ranks per depth. Float32 ``logsumexp`` is not bit-reproducible across
+    backends (reduction order differs), so parity tests between implementations (e.g. a CUDA kernel and this
+    reference) should feed both the same top-k arrays through this entry point.
+    """
+    if top_log_probs.dim() != 2 or top_log_probs.shape != top_ids.shape:
+        raise ValueError("top_log_probs and top_ids must both be [L, K]")
+    if top_log_probs.dtype != torch.float32:
+        raise ValueError("top_log_probs must be float32")
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    device = top_log_probs.device
+    if budget == 0 or top_log_probs.shape[0] == 0 or top_log_probs.shape[1] == 0:
+        return _root_only_tree(device)
+    k = min(budget, top_log_probs.shape[1])
+    return _search_heap(top_log_probs[:, :k], top_ids[:, :k], budget, device, _StageClock(None))
+
+
+def _search_heap(
+    log_probs: torch.Tensor, ids: torch.Tensor, budget: int, device: torch.device, clock: _StageClock
+) -> DraftTree:
+    depth_limit, k = log_probs.shape
     lp = log_probs.double().cpu().tolist()
     tok = ids.cpu().tolist()
     clock.lap("topk")
@@ -535,14 +567,36 @@ def build_tree_batch(
         raise ValueError(f"need {batch} budgets, got {budget_t.shape[0]}")
     if bool((budget_t < 0).any()):
         raise ValueError("budgets must be >= 0")
-    max_budget = int(budget_t.max()) if batch and depth_limit else 0
+    if batch == 0 or depth_limit == 0 or int(budget_t.max()) == 0:
+        return _BatchNodes.empty(batch, 0, device).finish()
+    log_probs, top_ids = depth_log_probs(draft_logits, _topk_size(int(budget_t.max()), vocab, max_topk))
+    return _search_batch(log_probs, top_ids, budget_t)
+
+
+def build_tree_batch_from_topk(
+    top_log_probs: torch.Tensor, top_ids: torch.Tensor, budgets: Sequence[int] | torch.Tensor
+) -> DraftTreeBatch:
+    """Batched search from precomputed ``[B, L, K]`` float32 log-probs and ids (``k_b = min(budget_b, K)``)."""
+    if top_log_probs.dim() != 3 or top_log_probs.shape != top_ids.shape:
+        raise ValueError("top_log_probs and top_ids must both be [B, L, K]")
+    if top_log_probs.dtype != torch.float32:
+        raise ValueError("top_log_probs must be float32")
+    budget_t = torch.as_tensor(budgets, dtype=torch.long, device=top_log_probs.device).reshape(-1)
+    if budget_t.shape[0] != top_log_probs.shape[0]:
+        raise ValueError(f"need {top_log_probs.shape[0]} budgets, got {budget_t.shape[0]}")
+    if bool((budget_t < 0).any()):
+        raise ValueError("budgets must be >= 0")
+    return _search_batch(top_log_probs, top_ids, budget_t)
+
+
+def _search_batch(log_probs: torch.Tensor, top_ids: torch.Tensor, budget_t: torch.Tensor) -> DraftTreeBatch:
+    batch, depth_limit, k_max = log_probs.shape
+    device = log_probs.device
+    max_budget = int(budget_t.max()) if batch and depth_limit and k_max else 0
     nodes = _BatchNodes.empty(batch, max_budget, device)
     if max_budget == 0:
         return nodes.finish()
-
-    k_max = _topk_size(max_budget, vocab, max_topk)
     k_per_request = budget_t.clamp(min=1, max=k_max)
-    log_probs, top_ids = depth_log_probs(draft_logits, k_max)
     lp = log_probs.double()
     rows = torch.arange(batch, device=device)
     frontier = _Frontier(batch, 1 + 2 * max_budget, depth_limit, device)

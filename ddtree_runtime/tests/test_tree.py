@@ -11,6 +11,8 @@ from ddtree_runtime.tree import (
     build_chain_tree,
     build_tree,
     build_tree_batch,
+    build_tree_batch_from_topk,
+    build_tree_from_topk,
     depth_log_probs,
     ranked_topk,
 )
@@ -329,3 +331,31 @@ def test_batch_positions_ids_and_flat_mask_layout():
     first = flat[: 5 * 8].reshape(5, 8)
     assert torch.equal(first[:, 3:], batch.visibility[0])
     assert first[:, :3].all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch_case())
+def test_topk_entry_points_equal_the_logit_entry_points(case):
+    logits, budgets, max_topk = case
+    vocab = logits.shape[-1]
+    k = min(max(budgets), vocab, max_topk or vocab)
+    if k == 0:
+        return
+    log_probs, ids = depth_log_probs(logits, k)
+    batch = build_tree_batch_from_topk(log_probs, ids, budgets)
+    for b, budget in enumerate(budgets):
+        expected = build_tree(logits[b], budget, max_topk)
+        assert_trees_equal(build_tree_from_topk(log_probs[b], ids[b], budget), expected)
+        assert_trees_equal(batch.tree(b), expected)
+
+
+def test_topk_entry_points_validate_inputs():
+    lp, ids = depth_log_probs(torch.randn(3, 5), 2)
+    with pytest.raises(ValueError, match="float32"):
+        build_tree_from_topk(lp.double(), ids, 2)
+    with pytest.raises(ValueError, match=r"\[L, K\]"):
+        build_tree_from_topk(lp, ids[:, :1], 2)
+    with pytest.raises(ValueError, match="budgets"):
+        build_tree_batch_from_topk(lp[None], ids[None], [1, 2])
+    assert build_tree_from_topk(lp, ids, 0).num_nodes == 0
+    assert build_tree_batch(torch.zeros(0, 3, 4), []).batch_size == 0

@@ -1,9 +1,10 @@
 """Smoke check and timing of the PyTorch paths on an accelerator (or any torch device).
 
-Checks, on ``--device``: trees from device logits equal trees from the same logits on the CPU (heap and
-batched paths); the batched greedy walk and compaction indices agree with the per-tree ones; greedy DDTree
-and DFlash decoding equal autoregressive decoding with a small random float32 pair; and the target KV cache
-after DDTree compaction equals a chain prefill. Then times ``build_tree`` per round from device-resident
+Checks, on ``--device``: trees from device logits have the structure of trees from the same logits on the
+CPU, and bit-identical scores when both searches get the same top-k arrays (heap and batched paths); the
+batched greedy walk and compaction indices agree with the per-tree ones; greedy DDTree and DFlash decoding
+equal autoregressive decoding with a small random float32 pair; and the target KV cache after DDTree
+compaction equals a chain prefill. Then times ``build_tree`` per round from device-resident
 ``[15, 151936]`` logits (top-k/logsumexp on the device, heap on the host).
 
     python -m ddtree_runtime.bench.device_smoke --device cuda
@@ -27,7 +28,13 @@ from ddtree_runtime.reference import (
     random_qwen3,
 )
 from ddtree_runtime.sampling import SamplingParams
-from ddtree_runtime.tree import build_tree, build_tree_batch
+from ddtree_runtime.tree import (
+    build_tree,
+    build_tree_batch,
+    build_tree_batch_from_topk,
+    build_tree_from_topk,
+    depth_log_probs,
+)
 from ddtree_runtime.verify import follow_greedy, follow_greedy_batch, kv_compaction_indices, kv_compaction_indices_batch
 
 
@@ -38,11 +45,22 @@ def check_trees(device: torch.device) -> None:
     logits[2] = torch.round(logits[2])  # many exact ties
     budgets = [64, 0, 200, 17]
     on_device = build_tree_batch(logits.to(device), budgets)
+    # Float32 logsumexp differs by ulps across backends, so scores are compared from identical top-k arrays;
+    # tree structure is compared from the logits themselves.
+    device_lp, device_ids = depth_log_probs(logits.to(device), max(budgets))
+    from_topk = build_tree_batch_from_topk(device_lp, device_ids, budgets)
+    structure = ("token_ids", "depths", "parents", "visibility", "ranks")
     for b, budget in enumerate(budgets):
         cpu = build_tree(logits[b], budget)
         for tree in (on_device.tree(b), build_tree(logits[b].to(device), budget)):
-            for name in ("token_ids", "depths", "parents", "visibility", "log_probs", "ranks"):
+            for name in structure:
                 assert torch.equal(getattr(tree, name).cpu(), getattr(cpu, name)), (b, name)
+        same_input = build_tree_from_topk(device_lp[b].cpu(), device_ids[b].cpu(), budget)
+        for tree in (from_topk.tree(b), on_device.tree(b), build_tree(logits[b].to(device), budget)):
+            for name in (*structure, "log_probs"):
+                assert torch.equal(getattr(tree, name).cpu(), getattr(same_input, name)), (b, name)
+        score_gap = (on_device.tree(b).log_probs.cpu() - cpu.log_probs).abs().max() if budget else 0.0
+        assert score_gap < 1e-5, (b, score_gap)
     lists = on_device.retrieve_lists()
     predict = torch.randint(0, 5000, (4, on_device.width), generator=generator)
     for b in range(4):  # make the walks go deep: predict each node's first child
