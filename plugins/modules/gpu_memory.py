@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-# ruff: noqa: E402  (ansible-doc needs the documentation blocks before the imports)
-
 DOCUMENTATION = r"""
 module: gpu_memory
 short_description: Report GPU memory and compute processes, or wait until GPUs are released
@@ -16,7 +14,8 @@ description:
     and per compute process, with the process's command line read from C(/proc) when it is visible.
   - With O(state=released), polls until every selected GPU uses at most O(max_used_mib) and holds no compute process
     other than the allowed ones. On timeout the task fails and its message names every process still holding memory,
-    with its command line and memory, and points out orphans (processes whose parent is PID 1).
+    with its command line and memory, and points out orphans (processes whose parent is PID 1 and that are not the
+    main process of a systemd service; for those it names the service to stop instead).
   - Values that nvidia-smi reports as C([N/A]) or C([Not Supported]) are returned as null. Under MIG, per-process
     memory is not reported; a GPU whose memory use is unknown is judged by its compute processes alone, with a warning.
   - Read-only; check mode runs the same queries.
@@ -235,7 +234,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.nvidia_smi import (
     release_problems,
     select_gpus,
 )
-from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS
+from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, service_of_cgroup
 
 PROC_ROOT = "/proc"
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/opt/nvidia/bin"]
@@ -248,7 +247,9 @@ class GpuMemory:
         self.started = time.monotonic()
         self.attempts = 0
         self.warned = set()
-        self.query = SmiQuery(self.find_binary(), self.run_command, ProcFS(PROC_ROOT))
+        self.proc = ProcFS(PROC_ROOT)
+        self.services = {}  # pid -> systemd service it is the main process of, or None
+        self.query = SmiQuery(self.find_binary(), self.run_command, self.proc)
 
     def find_binary(self) -> str:
         path = self.params["nvidia_smi_path"]
@@ -266,6 +267,19 @@ class GpuMemory:
                 "or set nvidia_smi_path." % ", ".join(SEARCH_DIRS)
             )
         return found
+
+    def service_of(self, pid: int) -> str | None:
+        """The systemd service whose main process ``pid`` is, so that a failure message does not call a service an
+        orphan (both have parent PID 1). Asked once per PID; None without systemd."""
+        if pid not in self.services:
+            self.services[pid] = None
+            service = service_of_cgroup(self.proc.cgroup(pid))
+            systemctl = self.module.get_bin_path("systemctl", required=False) if service else None
+            if systemctl:
+                rc, out, _err = self.module.run_command([systemctl, "show", "-p", "MainPID", service])
+                if rc == 0 and out.strip() == "MainPID=%d" % pid:
+                    self.services[pid] = service
+        return self.services[pid]
 
     def run_command(self, cmd: list) -> tuple:
         try:
@@ -292,6 +306,7 @@ class GpuMemory:
             self.params["max_used_mib"],
             self.params["allowed_pids"],
             self.params["allowed_process_names"],
+            service_of=self.service_of,
         )
         return {
             "gpus": gpus,

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-# ruff: noqa: E402  (ansible-doc needs the documentation blocks before the imports)
-
 DOCUMENTATION = r"""
 module: training_stop
 short_description: Stop a training job without losing its work

@@ -4,18 +4,21 @@ usage: pack_source.py SOURCE_DIR OUTPUT_DIR  -> prints the archive's path (named
 Skips tests, caches, build outputs and compiled files; mtimes, owners and order are fixed.
 """
 
+from __future__ import annotations
+
 import gzip
 import hashlib
 import io
 import os
 import sys
 import tarfile
+from collections.abc import Iterator
 
 SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache", ".ruff_cache", ".hypothesis", "tests"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".egg-info")
 
 
-def members(source):
+def members(source: str) -> Iterator[tuple[str, str]]:
     for root, dirs, files in os.walk(source):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
         for name in sorted(files):
@@ -24,7 +27,7 @@ def members(source):
                 yield path, os.path.relpath(path, source)
 
 
-def pack(source):
+def pack(source: str) -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path, rel in members(source):
@@ -39,11 +42,11 @@ def pack(source):
     return out.getvalue()
 
 
-def main():
+def main() -> None:
     source, output_dir = sys.argv[1], sys.argv[2]
     data = pack(source)
     os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "ddtree_runtime-%s.tar.gz" % hashlib.sha256(data).hexdigest()[:16])
+    path = os.path.join(output_dir, f"ddtree_runtime-{hashlib.sha256(data).hexdigest()[:16]}.tar.gz")
     if not os.path.exists(path):
         with open(path + ".tmp", "wb") as handle:
             handle.write(data)
