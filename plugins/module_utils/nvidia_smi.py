@@ -210,17 +210,31 @@ def app_allowed(app: dict, allowed_pids: list, allowed_names: list) -> bool:
     return name in allowed_names or os.path.basename(name) in allowed_names
 
 
-def describe_app(app: dict) -> str:
+def describe_app(app: dict, service_of: Callable[[int], str | None] | None = None) -> str:
+    """One process holding GPU memory, with a hint how to stop it. ``service_of(pid)`` names the systemd service whose
+    main process ``pid`` is (None otherwise): such a process has parent PID 1 too, but it is no orphan."""
     memory = "%d MiB" % app["used_memory_mib"] if app["used_memory_mib"] is not None else "memory not reported"
     if app["visible"]:
         text = "PID %d %r (%s)" % (app["pid"], app["cmdline"], memory)
         if app["ppid"] == 1:
-            text += ", parent is PID 1: probably an orphan of a stopped job; stop it with 'kill %d'" % app["pid"]
+            service = service_of(app["pid"]) if service_of is not None else None
+            if service:
+                text += ", main process of systemd unit %s: stop it with 'systemctl stop %s'" % (service, service)
+            else:
+                text += ", parent is PID 1: probably an orphan of a stopped job; stop it with 'kill %d'" % app["pid"]
         return text
     return "PID %s %s (%s), not visible in this PID namespace" % (app["pid"], app["name"], memory)
 
 
-def release_problems(selected: list, apps: list, max_used_mib: int, allowed_pids: list, allowed_names: list) -> list:
+def release_problems(
+    selected: list,
+    apps: list,
+    max_used_mib: int,
+    allowed_pids: list,
+    allowed_names: list,
+    *,
+    service_of: Callable[[int], str | None] | None = None,
+) -> list:
     """Why the selected GPUs are not released yet: one sentence per GPU, empty when they are."""
     problems = []
     for gpu in selected:
@@ -234,7 +248,7 @@ def release_problems(selected: list, apps: list, max_used_mib: int, allowed_pids
         if over_limit:
             text += " uses %d MiB (limit %d MiB)" % (gpu["memory_used_mib"], max_used_mib)
         if holders:
-            text += "; compute processes: " + "; ".join(describe_app(app) for app in holders)
+            text += "; compute processes: " + "; ".join(describe_app(app, service_of) for app in holders)
         else:
             text += (
                 "; nvidia-smi lists no compute process, so the holder may live in another PID namespace (a container):"
@@ -246,6 +260,6 @@ def release_problems(selected: list, apps: list, max_used_mib: int, allowed_pids
         # Under MIG or with an unexpected UUID the process cannot be tied to a GPU index; never ignore it.
         problems.append(
             "compute processes on a device nvidia-smi does not list as a GPU (a MIG instance?): "
-            + "; ".join("%s on %s" % (describe_app(app), app["gpu_uuid"]) for app in strays)
+            + "; ".join("%s on %s" % (describe_app(app, service_of), app["gpu_uuid"]) for app in strays)
         )
     return problems

@@ -221,3 +221,12 @@ def in_cgroup(cgroup_text: str | None, control_group: str) -> bool:
         return False
     wanted = control_group.rstrip("/")
     return any(path == wanted or path.startswith(wanted + "/") for path in cgroup_paths(cgroup_text))
+
+
+def service_of_cgroup(cgroup_text: str | None) -> str | None:
+    """The systemd service (``name.service``) whose control group holds a process, from its /proc/<pid>/cgroup."""
+    for path in cgroup_paths(cgroup_text or ""):
+        for part in reversed(path.split("/")):
+            if part.endswith(".service"):
+                return part
+    return None

@@ -106,6 +106,8 @@ def start_job(name: str, *trainer_flags: str, nproc_per_node: int = 0) -> TrainJ
     run_sh_args = [f"--nproc-per-node={nproc_per_node}"] if nproc_per_node else []
     run_sh_args += ["--checkpoint-dir", f"{root}/checkpoints", "--log-file", f"{root}/logs/train.log"]
     command = [
+        # The checkpoint directory exists before the job starts, as on the real host (the trigger file goes there).
+        "sh", "-c", 'mkdir -p "$1" && shift && exec "$@"', "sh", f"{root}/checkpoints",
         "env", f"{MARKER_VARIABLE}={name}",
         LAUNCH, "--pidfile", f"{root}/run.pid", "--stdout", f"{root}/logs/nohup.out",
         *run_sh_args, *FAST_TRAINER, *trainer_flags,

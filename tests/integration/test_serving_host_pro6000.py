@@ -36,7 +36,13 @@ def gpu_holders() -> set[tuple[int, int]]:
     return {(int(pid), index_of[uuid]) for pid, uuid in smi_rows("compute-apps=pid,gpu_uuid")}
 
 
-def wait_until_serving(timeout: float = 20) -> int:
+def cmdline_of(pid: int) -> str:
+    result = labctl.ssh(HOST, f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    assert result.rc == 0, result.stderr
+    return result.stdout.strip()
+
+
+def wait_until_serving(timeout: float = 60) -> int:
     """Starts the unit if needed; returns its MainPID once it holds memory on both GPUs."""
     assert labctl.ssh(HOST, f"systemctl start {UNIT}").rc == 0
     deadline = time.monotonic() + timeout
@@ -69,8 +75,9 @@ def test_facts_show_the_sglang_memory_on_both_gpus(sglang: int) -> None:
     assert [gpu["index"] for gpu in facts["gpus"]] == [0, 1]
     assert {gpu["name"] for gpu in facts["gpus"]} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
     assert {(app["pid"], app["gpu_index"]) for app in facts["processes"]} == {(sglang, 0), (sglang, 1)}
+    server_cmdline = cmdline_of(sglang)
     for app in facts["processes"]:
-        assert app["visible"] is True and "sglang_standin.py" in app["cmdline"]
+        assert app["visible"] is True and app["cmdline"] == server_cmdline and app["ppid"] == 1
         gpu = facts["gpus"][app["gpu_index"]]
         assert 0 < app["used_memory_mib"] <= gpu["memory_used_mib"] <= gpu["memory_total_mib"]
         assert gpu["memory_used_mib"] > 1024  # far above the release threshold
@@ -85,7 +92,10 @@ def test_release_check_fails_while_sglang_runs_and_passes_after_it_stops(sglang:
     assert busy["attempts"] >= 2  # it polled until the timeout
     for index in (0, 1):
         assert f"GPU {index} (NVIDIA RTX PRO 6000 Blackwell Server Edition)" in busy["msg"]
-    assert f"PID {sglang} " in busy["msg"] and "sglang_standin.py" in busy["msg"]
+    assert f"PID {sglang} {cmdline_of(sglang)!r}" in busy["msg"]
+    # Its parent is PID 1 because systemd runs it, not because it was orphaned: the hint names the unit.
+    assert f"main process of systemd unit {UNIT}: stop it with 'systemctl stop {UNIT}'" in busy["msg"]
+    assert "probably an orphan" not in busy["msg"]
 
     assert labctl.ssh(HOST, f"systemctl stop {UNIT}").rc == 0
     rc, free = gpu_memory(gpu_state="released", release_timeout=10, release_poll_interval=0.2)

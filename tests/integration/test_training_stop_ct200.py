@@ -36,9 +36,14 @@ def trainers(processes: list[dict]) -> list[dict]:
     """The trainer processes (single process or torchrun workers), not run.sh, the agent or forked dataloaders."""
     return [
         info for info in processes
-        if "train_dflash_pipeline.py" in info["cmdline"] and "torchrun" not in info["cmdline"]
-        and info["comm"] != "pt_data_worker"
+        if "train_dflash_pipeline.py" in info["cmdline"] and info["comm"] != "pt_data_worker"
+        and not any(word.endswith("torchrun") for word in info["cmdline"].split())
     ]
+
+
+def command_of(pid: int, processes: list[dict]) -> str:
+    [cmdline] = [info["cmdline"] for info in processes if info["pid"] == pid]
+    return cmdline
 
 
 def identities(processes: list[dict]) -> list[tuple]:
@@ -243,7 +248,7 @@ def test_check_mode_reports_the_plan_and_sends_nothing(start_job: StartJob) -> N
     assert planned[0] == f"send SIGUSR1 to 1 process(es): {trainer['pid']}"
     assert f"wait up to 10s for a new complete checkpoint {job.checkpoint_dir}/step_*" in planned
     assert planned[-1].startswith("SIGTERM 2 process(es)")
-    assert f"{job.pid} /bin/bash {RUN_SH}" in stopped["diff"]["before"]
+    assert f"{job.pid} {command_of(job.pid, before)}\n" in stopped["diff"]["before"]
     assert stopped["signals"] == []
     assert identities(job.processes()) == identities(before)
     assert job.checkpoints() == []
@@ -338,7 +343,7 @@ def test_ambiguous_match_is_refused_with_the_candidates_and_nothing_is_touched(s
     assert "ambiguous" in stopped["msg"]
     assert {candidate["pid"] for candidate in stopped["candidates"]} == {first.pid, second.pid}
     for job in (first, second):
-        assert f"PID {job.pid}: /bin/bash {RUN_SH} " in stopped["msg"]
+        assert f"PID {job.pid}: {command_of(job.pid, before[job.name])}" in stopped["msg"]
     assert stopped["signals"] == []
     for job in (first, second):
         assert identities(job.processes()) == identities(before[job.name])
