@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Pivot's lab and test suite need on a fresh Debian 12 machine (as root):
 # Debian packages, the controller venv (.venv, Python >= 3.12) and the ddtree_runtime venv
-# (.venv-rt, CPython 3.11). Safe to re-run: each step is skipped when already done.
+# (.venv-rt, CPython 3.11) and the SGLang contract venv (.venv-sglang, CPython 3.11). Safe to re-run: each step is skipped when already done.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -89,11 +89,37 @@ runtime_venv() {
   fi
 }
 
+# .venv-sglang: stock SGLang 0.5.23 on CPU for the plugin's contract tests (tests/contract). The pinned list is
+# complete, so it goes in with --no-deps; sglang itself with --no-deps too (its pins are CUDA kernels);
+# ddtree_runtime editable, so the tests always see the checkout (the stamp covers its entry points).
+sglang_version=0.5.23
+sglang_venv() {
+  local py stamp
+  py=$(find_python '3\.11')
+  [ -n "$py" ] || die "no CPython 3.11 found: SGLang $sglang_version wheels are cp311 only."
+  stamp=$({ cat requirements/sglang-contract.txt; echo "sglang==$sglang_version"; cat ddtree_runtime/pyproject.toml; } | sha256sum | cut -c1-16)
+  if [ -x .venv-sglang/bin/python ] && [ "$(cat .venv-sglang/.pivot-stamp 2>/dev/null)" = "$stamp" ]; then
+    return 0
+  fi
+  say "creating .venv-sglang with $py (SGLang $sglang_version, CPU; a few minutes)"
+  rm -rf .venv-sglang
+  "$py" -m venv .venv-sglang
+  local pip=(.venv-sglang/bin/pip install -q --disable-pip-version-check --no-deps)
+  { "${pip[@]}" -r requirements/sglang-contract.txt
+    "${pip[@]}" "sglang==$sglang_version"
+    "${pip[@]}" --no-build-isolation -e ./ddtree_runtime
+  } 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+  .venv-sglang/bin/python -c 'import sglang.srt.server_args, ddtree_runtime.sglang' \
+    || die ".venv-sglang cannot import SGLang or ddtree_runtime.sglang"
+  echo "$stamp" > .venv-sglang/.pivot-stamp
+}
+
 what=${1:-all}
 case "$what" in
   debian) install_debian_packages ;;
   controller) controller_venv ;;
   runtime) runtime_venv ;;
-  all) install_debian_packages; controller_venv; runtime_venv ;;
-  *) die "usage: lab/setup.sh [all|debian|controller|runtime]" ;;
+  sglang) sglang_venv ;;
+  all) install_debian_packages; controller_venv; runtime_venv; sglang_venv ;;
+  *) die "usage: lab/setup.sh [all|debian|controller|runtime|sglang]" ;;
 esac

@@ -1,0 +1,95 @@
+"""DDTree settings for SGLang: stock flags where they fit, ``DDTREE_*`` environment variables for the rest.
+
+Pure Python (no SGLang import), so it is unit-tested without SGLang.
+
+- draft length ``D``: ``--speculative-num-draft-tokens``, the DFlash block incl. the bonus token, 2..16; trees are
+  at most ``D - 1`` deep;
+- budget ``B``: ``DDTREE_BUDGET``, non-root tree nodes (default ``D - 1``); the target verifies ``B + 1`` tokens;
+- top-k cap: ``DDTREE_TOPK``, per-depth top-k cap (default none: ``min(B, vocab)``, DDTree's exact rule);
+- ``DDTREE_VERIFY_TOPK``: the ``topk`` SGLang's attention backends see (default 2; >= 2 selects their tree paths).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MAX_DRAFT_TOKENS = 16
+"""Largest DFlash block the published drafters are trained with (z-lab b16)."""
+
+ENV_BUDGET = "DDTREE_BUDGET"
+ENV_TOPK = "DDTREE_TOPK"
+ENV_VERIFY_TOPK = "DDTREE_VERIFY_TOPK"
+DEFAULT_VERIFY_TOPK = 2
+
+
+class DDTreeConfigError(ValueError):
+    """A DDTree setting is missing, malformed or out of range."""
+
+
+@dataclass(frozen=True)
+class DDTreeSettings:
+    """Resolved DDTree knobs for one server.
+
+    ``draft_tokens`` is D (the drafter block incl. bonus), ``budget`` the non-root node count,
+    ``max_topk`` the optional per-depth cap and ``verify_topk`` the ``topk`` handed to SGLang's backends.
+    """
+
+    draft_tokens: int
+    budget: int
+    max_topk: int | None
+    verify_topk: int
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest tree level: the drafter proposes D - 1 positions after the bonus token."""
+        return self.draft_tokens - 1
+
+    @property
+    def verify_width(self) -> int:
+        """Tokens per request in the target verify forward: the root plus ``budget`` nodes."""
+        return self.budget + 1
+
+    def topk_for_vocab(self, vocab_size: int) -> int:
+        """Per-depth top-k DDTree uses for a vocabulary: ``min(budget, vocab, cap)``."""
+        k = min(self.budget, vocab_size)
+        return min(k, self.max_topk) if self.max_topk is not None else k
+
+
+def _parse_positive_int(environ: Mapping[str, str], name: str) -> int | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise DDTreeConfigError(f"{name} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise DDTreeConfigError(f"{name} must be a positive integer, got {value}")
+    return value
+
+
+def resolve_settings(draft_tokens: int | None, environ: Mapping[str, str] | None = None) -> DDTreeSettings:
+    """Validate ``--speculative-num-draft-tokens`` and read the ``DDTREE_*`` variables.
+
+    ``draft_tokens=None`` (flag not given) means the full b16 block. The budget defaults to
+    ``D - 1`` (the chain's node count, so the verify width equals DFlash's).
+    """
+    env = os.environ if environ is None else environ
+    draft = MAX_DRAFT_TOKENS if draft_tokens is None else int(draft_tokens)
+    if not 2 <= draft <= MAX_DRAFT_TOKENS:
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens is the DFlash draft length incl. the bonus token and must be in "
+            f"2..{MAX_DRAFT_TOKENS} for DDTREE, got {draft}"
+        )
+    budget = _parse_positive_int(env, ENV_BUDGET)
+    verify_topk = _parse_positive_int(env, ENV_VERIFY_TOPK)
+    if verify_topk is not None and verify_topk < 2:
+        raise DDTreeConfigError(f"{ENV_VERIFY_TOPK} must be >= 2 so attention backends take their tree path")
+    return DDTreeSettings(
+        draft_tokens=draft,
+        budget=draft - 1 if budget is None else budget,
+        max_topk=_parse_positive_int(env, ENV_TOPK),
+        verify_topk=DEFAULT_VERIFY_TOPK if verify_topk is None else verify_topk,
+    )

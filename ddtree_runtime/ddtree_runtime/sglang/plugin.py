@@ -1,0 +1,187 @@
+"""Registration of ``DDTREE`` with SGLang 0.5.23: the algorithm class, server-args handling and hooks.
+
+Imports SGLang; imported only by :func:`ddtree_runtime.sglang.register` (and tests in an SGLang venv).
+
+DDTREE is DFlash with a tree verify, so :class:`DDTreeSpecAlgo` answers True to ``is_dflash`` /
+``is_dflash_family`` / ``supports_target_verify_for_draft`` / ``has_draft_kv``: SGLang's ~35 DFlash call sites then
+size the draft KV pool, capture the target's aux hidden states and build TARGET_VERIFY graphs as for DFLASH.
+Two widths differ from DFlash and are declared through the registry's own hooks: the drafter block stays
+``--speculative-num-draft-tokens`` (D), the target verifies ``DDTREE_BUDGET + 1`` tokens per request
+(``get_num_tokens_per_req_for_target_verify``, ``resolve_max_speculative_num_draft_tokens``, which sizes the
+per-decode KV allocation and the mamba intermediate-state buffers).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+from sglang.srt.speculative.spec_registry import get_spec as registered_algorithm
+
+from ddtree_runtime.sglang import compat
+from ddtree_runtime.sglang.config import DDTreeConfigError, DDTreeSettings, resolve_settings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+"""What SGLang's DFLASH handler defaults ``max_running_requests`` to; DDTREE verifies more tokens per request."""
+
+UNSUPPORTED_ATTENTION_BACKENDS = frozenset({"trtllm_mha"})
+"""Backends that reject ``topk > 1`` (the tree path) in 0.5.23."""
+
+
+def settings_from_args(server_args: Any) -> DDTreeSettings:
+    """DDTree settings from a server-args record (or SGLang's resolving view / recorder) and the environment."""
+    return resolve_settings(getattr(server_args, "speculative_num_draft_tokens", None))
+
+
+def ddtree_is_active() -> bool:
+    """Whether this process serves DDTREE (read from SGLang's published speculative config)."""
+    from sglang.srt.runtime_context import get_spec  # noqa: PLC0415 - published only after args resolve
+
+    try:
+        algorithm = get_spec().speculative_algorithm
+    except Exception:  # not published yet (e.g. argument parsing): nothing runs under DDTREE then
+        return False
+    return (algorithm or "").upper() == compat.ALGORITHM_NAME
+
+
+def _refuse(message: str) -> None:
+    raise ValueError(f"--speculative-algorithm {compat.ALGORITHM_NAME}: {message}")
+
+
+def validate_server_args(server_args: Any) -> None:
+    """Constraints DDTREE adds to DFlash's (runs before :func:`handle_server_args`)."""
+    try:
+        settings = settings_from_args(server_args)
+    except DDTreeConfigError as error:
+        _refuse(str(error))
+    if getattr(server_args, "speculative_draft_model_path", None) is None:
+        _refuse("needs --speculative-draft-model-path (the DFlash drafter)")
+    if int(getattr(server_args, "pp_size", 1) or 1) != 1:
+        _refuse("supports only --pp-size 1 (as DFLASH)")
+    device = getattr(server_args, "device", None)
+    if device is not None and not str(device).startswith("cuda"):
+        _refuse(f"runs on CUDA only, not on device {device!r}")
+    page_size = getattr(server_args, "page_size", None)
+    if page_size not in (None, 1):
+        _refuse(f"needs --page-size 1 (accepted tree paths are compacted slot by slot), got {page_size}")
+    if getattr(server_args, "speculative_draft_window_size", None) is not None:
+        _refuse("does not support --speculative-draft-window-size (compact draft KV cache) yet")
+    if getattr(server_args, "attention_backend", None) in UNSUPPORTED_ATTENTION_BACKENDS:
+        _refuse(f"attention backend {server_args.attention_backend} rejects tree verification (topk > 1)")
+    for flag in ("speculative_use_rejection_sampling", "speculative_use_block_verification"):
+        if getattr(server_args, flag, False):
+            _refuse(f"--{flag.replace('_', '-')} is chain-only; DDTree verifies by sample-and-match on the tree")
+    interval = getattr(server_args, "mamba_track_interval", None)
+    strategy = getattr(server_args, "mamba_radix_cache_strategy", None)
+    buffered = strategy in ("extra_buffer", "extra_buffer_lazy")
+    if buffered and interval is not None and interval < settings.verify_width:
+        _refuse(f"mamba_track_interval {interval} is below the verify width {settings.verify_width} "
+                "(DDTREE_BUDGET + 1)")
+
+
+def handle_server_args(server_args: Any) -> None:
+    """What DDTREE needs set (runs on SGLang's recorder; every write is declared as a resolution)."""
+    settings = settings_from_args(server_args)
+    if getattr(server_args, "speculative_num_draft_tokens", None) is None:
+        server_args.speculative_num_draft_tokens = settings.draft_tokens
+    if getattr(server_args, "speculative_num_steps", None) != 1:
+        server_args.speculative_num_steps = 1
+    # topk > 1 makes FA3 read the custom mask and the hybrid GDN backend run its tree-aware scan.
+    if getattr(server_args, "speculative_eagle_topk", None) != settings.verify_topk:
+        server_args.speculative_eagle_topk = settings.verify_topk
+    # The worker runs synchronously: the tree of round t+1 depends on the bonus token of round t.
+    if not getattr(server_args, "disable_overlap_schedule", False):
+        server_args.disable_overlap_schedule = True
+    if getattr(server_args, "max_running_requests", None) is None:
+        server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+    if getattr(server_args, "page_size", None) is None:
+        server_args.page_size = 1
+
+
+class DDTreeSpecAlgo(CustomSpecAlgo):
+    """``DDTREE``: a DFlash-family algorithm whose verify is a best-first draft tree."""
+
+    def is_dflash(self) -> bool:
+        return True
+
+    def is_dflash_family(self) -> bool:
+        return True
+
+    def supports_target_verify_for_draft(self) -> bool:
+        return True
+
+    def has_draft_kv(self) -> bool:
+        return True
+
+    def handle_server_args(self, server_args: Any) -> None:
+        handle_server_args(server_args)
+
+    def resolve_max_speculative_num_draft_tokens(self, server_args: Any) -> int | None:
+        from sglang.srt.arg_groups.overrides import resolving_view  # noqa: PLC0415
+
+        settings = settings_from_args(resolving_view(server_args))
+        return max(settings.draft_tokens, settings.verify_width)
+
+    def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+        if is_draft_worker:
+            return num_draft_tokens
+        return resolve_settings(num_draft_tokens).verify_width
+
+
+def worker_class(server_args: Any) -> type:
+    """The worker factory SGLang calls in each scheduler process."""
+    from ddtree_runtime.sglang.worker import DDTreeWorker  # noqa: PLC0415 - imports the DFlash worker
+
+    return DDTreeWorker
+
+
+def _mask_policy_hook(original: Callable[..., tuple[str, bool]], attn_backend: Any) -> tuple[str, bool]:
+    """Under DDTREE every target-verify CUDA graph is captured with a custom-mask buffer (trees need it)."""
+    name, build_custom_mask = original(attn_backend)
+    return (name, True) if ddtree_is_active() else (name, build_custom_mask)
+
+
+def _dummy_verify_input_hook(
+    original: Callable[..., Any], spec_algorithm: Any, custom_mask: Any, num_tokens_per_req: int, is_draft_worker: bool
+) -> Any:
+    """Capture-time dummy for the target: the tree's width, its custom mask and the tree ``topk``."""
+    spec_info = original(spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker)
+    if is_draft_worker or getattr(spec_algorithm, "name", None) != compat.ALGORITHM_NAME:
+        return spec_info
+    from ddtree_runtime.sglang.worker import DDTreeVerifyInput  # noqa: PLC0415
+
+    return DDTreeVerifyInput.for_graph_capture(custom_mask=custom_mask, width=num_tokens_per_req)
+
+
+HOOKS: dict[str, Callable[..., Any]] = {
+    "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": _mask_policy_hook,
+    "sglang.srt.speculative.spec_info.create_dummy_verify_input": _dummy_verify_input_hook,
+}
+
+
+def register_ddtree() -> None:
+    """Check this SGLang, then register ``DDTREE`` and its hooks (idempotent within a process)."""
+    compat.check_version(importlib.metadata.version("sglang"))
+    compat.check_no_builtin(SpeculativeAlgorithm.__members__)
+    if set(HOOKS) != set(compat.HOOK_TARGETS):
+        raise compat.UnsupportedSGLang("internal: hook table and compat.HOOK_TARGETS disagree")
+    compat.check_targets((*compat.HOOK_TARGETS, *compat.REQUIRED_ATTRIBUTES))
+    if registered_algorithm(compat.ALGORITHM_NAME) is not None:
+        return
+    SpeculativeAlgorithm.register(
+        compat.ALGORITHM_NAME,
+        supports_overlap=False,
+        validate_server_args=validate_server_args,
+        spec_class=DDTreeSpecAlgo,
+    )(worker_class)
+    for target, hook in HOOKS.items():
+        HookRegistry.register(target, hook, HookType.AROUND)
+    logger.info("ddtree_runtime: registered %s with SGLang %s", compat.ALGORITHM_NAME,
+                importlib.metadata.version("sglang"))

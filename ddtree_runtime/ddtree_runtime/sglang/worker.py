@@ -1,0 +1,379 @@
+"""``DDTreeWorker``: SGLang 0.5.23's ``DFlashWorkerV2`` with a DDTree verify instead of the linear block.
+
+NOT RUN HERE: this module needs a CUDA GPU and real weights. It is written against the 0.5.23 source and checked
+on CPU only for importing, subclassing and the names it calls (tests/contract); docs/sglang-plugin.md has the
+validation procedure for the serving host.
+
+One decode round per batch (prefill, idle and DP-idle rounds are the parent's):
+
+1. Draft: the parent's block ``[bonus, mask x (D-1)]`` through the DFlash drafter (TARGET_VERIFY mode).
+2. Tree: per request, per-depth float32 top-k log-probabilities of the drafter's D-1 marginals over the target's
+   ``lm_head``; under tensor parallelism each rank takes its vocab shard's top-k and logsumexp, all ranks gather
+   them (:func:`ddtree_runtime.sglang.tree_inputs.merge_sharded_topk`), so every rank builds the same tree
+   (``ddtree_runtime.ops`` kernels when built, else :func:`ddtree_runtime.tree.build_tree_batch_from_topk`).
+3. Verify: the target runs ``W = DDTREE_BUDGET + 1`` tokens per request with the tree's custom mask and depth
+   positions; SGLang's ``eagle_sample`` walks the tree (``verify_tree_greedy_func`` when greedy,
+   ``tree_speculative_sampling_target_only`` otherwise; results broadcast from TP rank 0).
+4. Commit: the request's ``W`` KV slots are permuted in ``req_to_token`` so the accepted path comes first (no copy,
+   no slot freed or leaked; needs page size 1), the drafter KV gets the accepted nodes' target features, hybrid
+   models commit the mamba state of the last accepted node, and the bonus token seeds the next round.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.runtime_context import get_parallel, get_spec, mamba_track_grid
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
+from sglang.srt.speculative.eagle_utils import eagle_sample
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+from ddtree_runtime.sglang.config import resolve_settings
+from ddtree_runtime.sglang.tree_inputs import (
+    AcceptedPaths,
+    TreeVerifyTensors,
+    accepted_first_order,
+    accepted_paths,
+    committed_tokens,
+    local_topk,
+    merge_sharded_topk,
+    tree_verify_tensors,
+)
+from ddtree_runtime.tree import DraftTreeBatch, build_tree_batch_from_topk
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DDTreeVerifyInput(DFlashVerifyInput):
+    """DFlash's verify input plus the EAGLE-style tree fields SGLang's tree paths read.
+
+    ``topk > 1`` makes FA3 apply ``custom_mask`` and the hybrid GDN backend run its tree-aware scan from
+    ``retrieve_next_token`` / ``retrieve_next_sibling``; ``eagle_sample`` reads the ``retrieve_*`` lists,
+    ``tree_topk``, ``max_tree_depth`` and ``draft_probs``.
+    """
+
+    retrieve_index: torch.Tensor | None = None
+    retrieve_next_token: torch.Tensor | None = None
+    retrieve_next_sibling: torch.Tensor | None = None
+    max_tree_depth: int = 1
+    draft_probs: torch.Tensor | None = None
+
+    @property
+    def tree_topk(self) -> int:
+        return int(self.topk)
+
+    @classmethod
+    def for_graph_capture(cls, *, custom_mask: torch.Tensor, width: int) -> DDTreeVerifyInput:
+        settings = resolve_settings(get_spec().speculative_num_draft_tokens)
+        return cls(
+            draft_token=None,  # type: ignore[arg-type]  # capture dummies carry shapes only
+            positions=None,  # type: ignore[arg-type]
+            draft_token_num=int(width),
+            topk=settings.verify_topk,
+            custom_mask=custom_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            max_tree_depth=settings.draft_tokens,
+        )
+
+
+def _tree_builder() -> Any:
+    """``ddtree_runtime.ops.build_tree_batch_from_topk`` when the CUDA extension is built, else the PyTorch path."""
+    if importlib.util.find_spec("ddtree_runtime.ops") is not None:
+        from ddtree_runtime import ops  # noqa: PLC0415 - optional compiled kernels
+
+        if getattr(ops, "extension_available", lambda: False)() and hasattr(ops, "build_tree_batch_from_topk"):
+            return ops.build_tree_batch_from_topk
+    return build_tree_batch_from_topk
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    """DFlash V2 worker whose decode rounds draft, verify and commit DDTree trees (synchronous scheduling)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ddtree = resolve_settings(int(self.block_size))
+        self._refuse_unsupported_drafting()
+        self._build_trees = _tree_builder()
+        logger.info(
+            "DDTree worker: draft length %d, budget %d, top-k cap %s, verify width %d, tree builder %s",
+            self.ddtree.draft_tokens, self.ddtree.budget, self.ddtree.max_topk, self.ddtree.verify_width,
+            getattr(self._build_trees, "__module__", "?"),
+        )
+
+    def _refuse_unsupported_drafting(self) -> None:
+        variants = {
+            "selector": getattr(self, "selector", None) is not None,
+            "LiLiCorr": getattr(self, "lilicorr", None) is not None,
+            "Domino": bool(getattr(self, "_is_domino", False)),
+        }
+        used = [name for name, on in variants.items() if on]
+        if used:
+            raise ValueError(f"DDTREE drafts from the plain DFlash head; unsupported draft samplers: {used}")
+
+    def _maybe_build_draft_sampler(self) -> None:
+        # The in-graph greedy sampler returns only argmax ids; DDTree needs the drafter's hidden states.
+        return None
+
+    # ---- decode round ---------------------------------------------------------------------------------------
+
+    def forward_batch_generation(
+        self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None, pp_proxy_tensors: Any = None
+    ) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        if batch.has_grammar:
+            raise ValueError("DDTREE does not support grammar-constrained requests yet")
+        if batch.spec_info is None or not isinstance(batch.spec_info, DFlashDraftInputV2):
+            raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
+        self._validate_phase1_sampling_support(batch)
+        return self._tree_round(batch, on_publish)
+
+    def _tree_round(self, batch: Any, on_publish: Any) -> GenerationBatchResult:
+        draft_input = batch.spec_info
+        prefix_lens = batch.seq_lens
+        bs = len(prefix_lens)
+        width = self.ddtree.verify_width
+        draft_hidden = self._draft_block_hidden(batch, draft_input.bonus_tokens)
+        trees = self._trees_from_hidden(draft_hidden, bs)
+        tensors = tree_verify_tensors(trees, draft_input.bonus_tokens, prefix_lens, width=width)
+        verify_locs = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + width,
+            batch_size=bs,
+            draft_token_num=width,
+            device=self.device,
+        ).view(bs, width)
+        seq_lens_pre_verify = batch.seq_lens.clone()
+        logits_output, target_out, verify_input = self._verify(batch, draft_input, tensors, verify_locs)
+        predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output)
+        paths = accepted_paths(accept_index, accept_lens - 1, width)
+        new_seq_lens = prefix_lens + paths.lengths.to(prefix_lens.dtype)
+        self._commit_kv(batch, paths, verify_locs)
+        if self._need_mamba_verify_commit:
+            self._commit_mamba_state(batch, seq_lens_pre_verify, new_seq_lens, paths)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self._append_committed_features(logits_output.hidden_states, paths, verify_locs, prefix_lens, bs)
+        logits_output.hidden_states = None
+        out_tokens = committed_tokens(predict, paths, int(self.block_size))
+        bonus = torch.gather(out_tokens, 1, (paths.lengths - 1)[:, None]).view(-1)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=paths.lengths.to(torch.int32),
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=int(self.block_size),
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+        )
+
+    # ---- 1) draft ---------------------------------------------------------------------------------------------
+
+    def _draft_block_hidden(self, batch: Any, bonus_tokens: torch.Tensor) -> torch.Tensor:
+        """Run the drafter over ``[bonus, mask x (D-1)]`` (the parent's eager block path); ``[bs, D, H]``."""
+        bs = len(batch.seq_lens)
+        block = int(self.block_size)
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions_2d = self._draft_block_positions_buf[:bs]
+        block_locs = self._draft_verify_out_cache_loc_buf[:bs]
+        block_ids.fill_(int(self._mask_token_id))
+        block_ids[:, 0].copy_(bonus_tokens.view(-1))
+        torch.add(batch.seq_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+        block_locs.copy_(
+            assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices,
+                req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+                start_offset=batch.seq_lens,
+                end_offset=batch.seq_lens + block,
+                batch_size=bs,
+                draft_token_num=block,
+                device=self.device,
+            ).view(bs, block)
+        )
+        target_model = self.target_worker.model_runner.model
+        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+        noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu) if self._full_embed_gpu is not None \
+            else embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        seq_lens_cpu.copy_(self._host_seq_lens(batch))
+        seq_lens_cpu.add_(block)
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            seq_lens_cpu=self._host_seq_lens(batch),
+            write_virtual=block_locs.reshape(-1),
+            read_extent=block,
+        )
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            out_cache_loc=block_locs.reshape(-1),
+            seq_lens_sum=int(seq_lens_cpu.sum()),
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions_2d.reshape(-1),
+            input_embeds=noise.view(-1, noise.shape[-1]),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+        )
+        plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode():
+            draft_out = self.draft_model_runner.forward(forward_batch)
+        hidden = draft_out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE: the DFlash drafter returned no hidden states")
+        return hidden.view(bs, block, -1)
+
+    def _host_seq_lens(self, batch: Any) -> torch.Tensor:
+        if batch.seq_lens_cpu is not None:
+            return batch.seq_lens_cpu
+        return batch.seq_lens.to("cpu")
+
+    # ---- 2) tree ----------------------------------------------------------------------------------------------
+
+    def _trees_from_hidden(self, draft_hidden: torch.Tensor, bs: int) -> DraftTreeBatch:
+        """Per-depth top-k over the target lm_head (TP-gathered), then the best-first trees."""
+        depth = self.ddtree.max_depth
+        hidden = draft_hidden[:, 1 : depth + 1, :].reshape(bs * depth, -1)
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        vocab = int(self.model_runner.model_config.vocab_size)
+        k = self.ddtree.topk_for_vocab(vocab)
+        log_probs, ids = self._global_topk(hidden, lm_head, k)
+        budgets = torch.full((bs,), self.ddtree.budget, dtype=torch.long, device=log_probs.device)
+        return self._build_trees(log_probs.view(bs, depth, k), ids.view(bs, depth, k), budgets)
+
+    def _global_topk(self, hidden: torch.Tensor, lm_head: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = lm_head.weight
+        shard = getattr(lm_head, "shard_indices", None)
+        num_org = int(shard.num_org_elements) if shard is not None else int(self.model_runner.model_config.vocab_size)
+        offset = int(shard.org_vocab_start_index) if shard is not None else 0
+        logits = torch.matmul(hidden.to(weight.dtype), weight[:num_org].T)
+        values, ids, log_z = local_topk(logits, k, offset)
+        tp_group = get_parallel().tp_group
+        world = int(tp_group.world_size)
+        if world == 1:
+            return merge_sharded_topk([values], [ids], [log_z], k)
+        # Every rank gathers every shard's candidates and normaliser, then runs the same merge.
+        gathered_values = tp_group.all_gather(values.contiguous(), dim=0).view(world, *values.shape)
+        gathered_ids = tp_group.all_gather(ids.contiguous(), dim=0).view(world, *ids.shape)
+        gathered_log_z = tp_group.all_gather(log_z.contiguous(), dim=0).view(world, *log_z.shape)
+        return merge_sharded_topk(list(gathered_values), list(gathered_ids), list(gathered_log_z), k)
+
+    # ---- 3) verify --------------------------------------------------------------------------------------------
+
+    def _verify(
+        self, batch: Any, draft_input: Any, tensors: TreeVerifyTensors, verify_locs: torch.Tensor
+    ) -> tuple[Any, Any, DDTreeVerifyInput]:
+        width = tensors.width
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            seq_lens_cpu=self._host_seq_lens(batch),
+            write_virtual=verify_locs.reshape(-1),
+            read_extent=width,
+        )
+        self._verify_plan = plan
+        verify_input = DDTreeVerifyInput(
+            draft_token=tensors.candidates.reshape(-1),
+            positions=tensors.positions,
+            draft_token_num=width,
+            topk=self.ddtree.verify_topk,
+            custom_mask=tensors.custom_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            kv_loc_plan=plan,
+            retrieve_index=tensors.retrieve_index,
+            retrieve_next_token=tensors.retrieve_next_token,
+            retrieve_next_sibling=tensors.retrieve_next_sibling,
+            max_tree_depth=int(self.block_size),
+        )
+        batch.out_cache_loc = verify_locs.reshape(-1)
+        seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        host = self._host_seq_lens(batch) + width
+        batch.seq_lens_cpu, batch.seq_lens_sum = host, int(host.sum())
+        forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = target_out.logits_output
+        if logits_output.hidden_states is None:
+            raise RuntimeError("DDTREE verify needs the target's aux hidden states, got None")
+        return logits_output, target_out, verify_input
+
+    # ---- 4) commit --------------------------------------------------------------------------------------------
+
+    def _commit_kv(self, batch: Any, paths: AcceptedPaths, verify_locs: torch.Tensor) -> None:
+        """Permute each request's W verify slots so the accepted path occupies positions prefix..prefix+tau-1."""
+        width = verify_locs.shape[1]
+        order = accepted_first_order(paths, width)
+        columns = batch.seq_lens[:, None].to(torch.long) + torch.arange(width, device=verify_locs.device)[None, :]
+        rows = batch.req_pool_indices[:, None].to(torch.long).expand(-1, width)
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        req_to_token[rows, columns] = torch.gather(verify_locs, 1, order).to(req_to_token.dtype)
+
+    def _append_committed_features(
+        self, hidden: torch.Tensor, paths: AcceptedPaths, verify_locs: torch.Tensor, prefix_lens: torch.Tensor, bs: int
+    ) -> None:
+        """Write the accepted nodes' target features into the drafter KV at their committed positions."""
+        width = verify_locs.shape[1]
+        order = accepted_first_order(paths, width)
+        rows = (torch.arange(bs, device=order.device)[:, None] * width + order).reshape(-1)
+        features = hidden.view(bs * width, -1)[rows]
+        cache_loc_2d = torch.gather(verify_locs, 1, order)
+        offsets = torch.arange(width, device=order.device)[None, :]
+        positions = (prefix_lens[:, None].to(torch.long) + offsets).reshape(-1)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=features,
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=positions,
+            commit_lens=paths.lengths.to(torch.int32),
+        )
+
+    def _commit_mamba_state(
+        self, batch: Any, seq_lens_pre: torch.Tensor, seq_lens_post: torch.Tensor, paths: AcceptedPaths
+    ) -> None:
+        """Hybrid targets: keep the recurrent state of the last accepted *node* (the tree scan's per-node states)."""
+        attn_backend = self.target_worker.model_runner.attn_backend
+        if not hasattr(attn_backend, "update_mamba_state_after_mtp_verify"):
+            return
+        last_nodes = torch.gather(paths.nodes, 1, (paths.lengths - 1)[:, None]).view(-1)
+        steps_to_track = None
+        if batch.mamba_track_indices is not None:
+            interval = mamba_track_grid(batch.tree_cache.page_size)
+            crosses = seq_lens_pre // interval != seq_lens_post // interval
+            path_step = torch.clamp(seq_lens_post // interval * interval - seq_lens_pre - 1, min=0).to(torch.long)
+            trackable = crosses & (path_step < paths.lengths)
+            node_at_step = torch.gather(paths.nodes, 1, path_step.clamp(max=paths.nodes.shape[1] - 1)[:, None]).view(-1)
+            steps_to_track = torch.where(trackable, node_at_step, torch.full_like(node_at_step, -1))
+        attn_backend.update_mamba_state_after_mtp_verify(
+            last_correct_step_indices=last_nodes,
+            mamba_track_indices=batch.mamba_track_indices,
+            mamba_steps_to_track=steps_to_track,
+            model=self.target_worker.model_runner.model,
+            req_pool_indices=batch.req_pool_indices[: last_nodes.shape[0]],
+        )
+
