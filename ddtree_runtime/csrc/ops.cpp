@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>

@@ -5,7 +5,8 @@ Run on the serving host before the service is switched (the Ansible role does). 
 
 - ``torch``: the torch the package runs on;
 - ``gpu``: the GPU torch sees, with its compute capability (a host without one passes, saying so);
-- ``cuda_extension``: whether the compiled kernels are present (else the PyTorch path is used);
+- ``cuda_extension``: whether the compiled kernels are present (else the PyTorch path is used) and, on a GPU,
+  that they equal the PyTorch reference on a random case (`ops.compare_with_reference`);
 - ``tree``: a best-first tree from random drafter logits has the structure DDTree guarantees;
 - ``ddtree_decode``: a short greedy DDTree decode with small random models equals autoregressive decoding, on
   the GPU when there is one;
@@ -57,8 +58,16 @@ def check_cuda_extension() -> Check:
         return Check("cuda_extension", True, "not part of this build: the PyTorch path is used")
     from ddtree_runtime import ops  # noqa: PLC0415 - optional module
 
-    available = getattr(ops, "extension_available", lambda: False)()
-    return Check("cuda_extension", True, "compiled kernels loaded" if available else "not built: PyTorch path")
+    if not ops.extension_available():
+        return Check("cuda_extension", True, f"not built: PyTorch path ({ops.extension_error()})")
+    if not torch.cuda.is_available():
+        return Check("cuda_extension", True, "compiled kernels loaded; no GPU to run them on")
+    problems = ops.compare_with_reference(torch.device("cuda"))
+    if problems:
+        return Check("cuda_extension", False, "kernels differ from the PyTorch reference: " + "; ".join(problems))
+    major, minor = torch.cuda.get_device_capability()
+    return Check("cuda_extension", True, f"compiled kernels equal the reference on a random case on "
+                 f"{torch.cuda.get_device_name()} (sm_{major}{minor})")
 
 
 def check_tree() -> Check:

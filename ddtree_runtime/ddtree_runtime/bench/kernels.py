@@ -1,0 +1,137 @@
+"""Benchmark: one DDTree round's tree work on a GPU, the reference path vs the CUDA extension.
+
+Reference (as the paper's code does it): per request, ``build_tree`` = top-K and logsumexp on the GPU, a
+device-to-host copy, the Python heap and the numpy ancestor matrix; a batch is a loop over requests.
+Ours: ``ops.build_tree`` (fused top-K kernel + best-first tree kernel) and ``ops.tree_verify_inputs`` (tokens,
+positions, ancestor mask and retrieve lists; the flat SGLang mask is timed separately), batched in one launch
+per kernel, timed with CUDA events (eager) and as one CUDA-graph replay. Logits are bf16 ``[B, 15, 151936]``
+with one boosted token per depth (a confident drafter: deep trees).
+
+    python -m ddtree_runtime.bench.kernels --json kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from ddtree_runtime import ops
+from ddtree_runtime.tree import build_tree
+
+CUDA = torch.device("cuda")
+
+
+def make_logits(batch: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, depth, vocab, generator=generator)
+    favourite = torch.randint(0, vocab, (batch, depth, 1), generator=generator)
+    logits.scatter_add_(2, favourite, torch.full((batch, depth, 1), 14.0))
+    return logits.to(torch.bfloat16).to(CUDA)
+
+
+def reference_us(logits: torch.Tensor, budget: int, rounds: int) -> float:
+    build_tree(logits[0], budget)  # warm-up
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for b in range(logits.shape[0]):
+            build_tree(logits[b], budget)
+        samples.append((time.perf_counter() - begin) * 1e6)
+    return statistics.median(samples)
+
+
+def event_us(fn: Callable[[], object], iterations: int) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iterations):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iterations
+
+
+def graph_us(fn: Callable[[], object], iterations: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return event_us(graph.replay, iterations)
+
+
+def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, float | int]:
+    logits = make_logits(batch, args.depth, args.vocab, seed=batch * 7919 + budget)
+    budgets = torch.full((batch,), budget, dtype=torch.long, device=CUDA)
+    roots = torch.zeros(batch, dtype=torch.long, device=CUDA)
+    seq_lens = torch.full((batch,), args.seq_len, dtype=torch.long, device=CUDA)
+    width = budget + 1
+    flat_numel = batch * width * (args.seq_len + width)
+    top, tree = ops.build_tree(logits, budgets, max_budget=budget)
+
+    def ours() -> None:
+        _, t = ops.build_tree(logits, budgets, max_budget=budget)
+        ops.tree_verify_inputs(t, roots, seq_lens, mask_numel=0)
+
+    result: dict[str, float | int] = {
+        "batch": batch,
+        "budget": budget,
+        "nodes_first_request": int(tree.num_nodes[0]),
+        "reference_us": reference_us(logits, budget, args.rounds),
+        "topk_us": event_us(lambda: ops.topk_log_probs(logits, top.ids.shape[2]), args.iterations),
+        "tree_us": event_us(lambda: ops.build_tree_from_topk(top.log_probs, top.ids, budgets, budget), args.iterations),
+        "verify_inputs_us": event_us(lambda: ops.tree_verify_inputs(tree, roots, seq_lens, 0), args.iterations),
+        "flat_mask_us": event_us(lambda: ops.tree_verify_inputs(tree, roots, seq_lens, flat_numel), args.iterations),
+        "ours_us": event_us(ours, args.iterations),
+        "ours_graph_us": graph_us(ours, args.iterations),
+    }
+    result["speedup"] = result["reference_us"] / result["ours_us"]
+    result["speedup_graph"] = result["reference_us"] / result["ours_graph_us"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--depth", type=int, default=15)
+    p.add_argument("--budgets", default="16,64,256,1024")
+    p.add_argument("--batches", default="1,16")
+    p.add_argument("--rounds", type=int, default=10, help="reference rounds (median)")
+    p.add_argument("--iterations", type=int, default=50, help="kernel iterations per timing (mean)")
+    p.add_argument("--seq-len", type=int, default=1024, help="committed length for the flat-mask timing")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    if not (torch.cuda.is_available() and ops.extension_available()):
+        raise SystemExit(f"needs a CUDA GPU and the extension: {ops.extension_error() or 'no GPU'}")
+    rows = [measure(batch, budget, args) for batch in map(int, args.batches.split(","))
+            for budget in map(int, args.budgets.split(","))]
+    header = ("| batch | budget | reference us | ours us (eager) | ours us (graph) | speedup (eager / graph) | "
+              "top-K us | tree us | verify inputs us | + flat mask us |")
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"L={args.depth} V={args.vocab} bf16")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for r in rows:
+        print(f"| {r['batch']} | {r['budget']} | {r['reference_us']:.0f} | {r['ours_us']:.1f} | "
+              f"{r['ours_graph_us']:.1f} | {r['speedup']:.0f}x / {r['speedup_graph']:.0f}x | {r['topk_us']:.1f} | "
+              f"{r['tree_us']:.1f} | {r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} |")
+    if args.json:
+        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                "depth": args.depth, "vocab": args.vocab, "seq_len": args.seq_len}
+        with open(args.json, "w") as handle:
+            json.dump({"meta": meta, "rows": rows}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

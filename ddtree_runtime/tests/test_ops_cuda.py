@@ -1,0 +1,189 @@
+"""The CUDA kernels against the PyTorch reference, bit for bit (GPU with the built extension only).
+
+Top-K: token ids and ranked values exactly equal to :func:`ranked_topk` (ties to the lower id); the float32
+log-normaliser within 1e-5 (reduction order differs across backends). Trees, verify inputs and walks: equal in
+every element when fed identical top-K arrays.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddtree_runtime.tree import build_tree_from_topk, depth_log_probs, ranked_topk
+
+from ddtree_runtime import ops
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and ops.extension_available()),
+    reason="needs a CUDA GPU and the compiled ddtree_runtime._C extension (DDTREE_BUILD_CUDA=1)",
+)
+CUDA = torch.device("cuda")
+
+
+def check_topk(logits: torch.Tensor, k: int) -> None:
+    top = ops.topk_log_probs(logits.to(CUDA), k)
+    values = logits.float()
+    ref_values, ref_ids = ranked_topk(values, k)
+    assert torch.equal(top.ids.cpu(), ref_ids)
+    ref_lp, _ = depth_log_probs(values, k)
+    ours = top.log_probs.cpu()
+    assert torch.equal(torch.isneginf(ours), torch.isneginf(ref_lp))
+    finite = torch.isfinite(ref_lp)
+    assert torch.allclose(ours[finite], ref_lp[finite], rtol=0, atol=1e-5)
+    assert not top.invalid.any()
+    # The ranked logits themselves are exact: log_prob + log_z is monotone in them.
+    assert torch.equal(torch.gather(values, -1, top.ids.cpu()), ref_values)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("vocab", [1, 2, 7, 3000])
+def test_topk_random_and_tied_logits(dtype, vocab):
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(3, 5, vocab, generator=generator) * 3
+    logits[1] = torch.round(logits[1])
+    logits = logits.to(dtype)
+    for k in sorted({1, min(vocab, 5), min(vocab, 64), vocab if vocab <= 1024 else 1024}):
+        check_topk(logits, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_topk_minus_inf_constant_rows_and_qwen_vocab(dtype):
+    generator = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 3, 151936, generator=generator).to(dtype)
+    logits[0, :, 1000:] = float("-inf")  # masked vocabulary
+    logits[1, 0] = float("-inf")  # a whole row
+    logits[1, 1] = 2.5  # a constant row: every token ties
+    logits[1, 2, :1500] = 0.0  # 1500 ties below a few larger logits
+    logits[1, 2, 1500:] = -1.0
+    logits[1, 2, 77] = 4.0
+    logits[2, :, 5] += 20
+    for k in (1, 16, 1024):
+        check_topk(logits, k)
+
+
+def test_topk_flags_nan_and_positive_infinity():
+    logits = torch.zeros(3, 2, 500, device=CUDA)
+    logits[1, 1, 10] = float("nan")
+    logits[2, 0, 0] = float("inf")
+    assert ops.topk_log_probs(logits, 4).invalid.tolist() == [False, True, True]
+
+
+def reference_tree_fields(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> dict[str, torch.Tensor]:
+    tree = build_tree_from_topk(lp, ids, budget)
+    return {
+        "token_ids": tree.token_ids,
+        "depths": tree.depths,
+        "parents": tree.parents,
+        "scores": tree.log_probs,
+        "ranks": tree.ranks,
+    }
+
+
+def assert_tree_equal(lp: torch.Tensor, ids: torch.Tensor, budgets: list[int], max_budget: int) -> ops.TreeTensors:
+    tree = ops.build_tree_from_topk(lp.to(CUDA), ids.to(CUDA), budgets, max_budget)
+    cpu = ops.TreeTensors(*(t.cpu() for t in tree))
+    for b, budget in enumerate(budgets):
+        expected = reference_tree_fields(lp[b], ids[b], budget)
+        n = int(cpu.num_nodes[b])
+        assert n == expected["token_ids"].shape[0], b
+        for name, value in expected.items():
+            got = getattr(cpu, name)[b, : n + 1 if name == "parents" else n]
+            assert torch.equal(got, value), (b, budget, name)
+        assert (cpu.token_ids[b, n:] == -1).all() and (cpu.parents[b, n + 1 :] == -1).all()
+        assert torch.isneginf(cpu.scores[b, n:]).all() and (cpu.depths[b, n:] == 0).all()
+    return tree
+
+
+def topk_arrays(
+    batch: int, depth: int, vocab: int, k: int, *, seed: int, style: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, depth, vocab, generator=generator) * 2
+    if style == "ties":
+        logits = torch.round(logits)
+    elif style == "minus_inf":
+        logits[:, :, vocab // 3 :] = float("-inf")
+    elif style == "spine":
+        logits[:, :, 0] += 12
+    return depth_log_probs(logits, min(k, vocab))
+
+
+@pytest.mark.parametrize("style", ["random", "ties", "minus_inf", "spine"])
+@pytest.mark.parametrize(("batch", "depth", "vocab", "budgets"), [
+    (1, 15, 2000, [64]),
+    (4, 16, 300, [0, 1, 2, 255]),
+    (3, 1, 50, [10, 50, 3]),
+    (2, 3, 2, [14, 5]),  # the frontier runs dry before the budget
+    (32, 4, 400, list(range(0, 320, 10))),
+])
+def test_tree_equals_the_heap_from_identical_topk(style, batch, depth, vocab, budgets):
+    lp, ids = topk_arrays(batch, depth, vocab, max(budgets) or 1, seed=batch * 100 + depth, style=style)
+    assert_tree_equal(lp, ids, budgets, max(budgets))
+
+
+@pytest.mark.parametrize("style", ["random", "spine", "ties"])
+def test_tree_at_budget_1024(style):
+    lp, ids = topk_arrays(2, 15, 5000, 1024, seed=3, style=style)
+    assert_tree_equal(lp, ids, [1024, 700], 1024)
+
+
+def test_tree_clamps_budgets_to_the_padded_width():
+    lp, ids = topk_arrays(2, 4, 100, 8, seed=4, style="random")
+    tree = ops.build_tree_from_topk(lp.to(CUDA), ids.to(CUDA), torch.tensor([50, -3], device=CUDA), 8)
+    assert tree.num_nodes.tolist() == [8, 0]
+
+
+def test_verify_inputs_and_walks_equal_the_reference():
+    lp, ids = topk_arrays(5, 15, 4000, 300, seed=5, style="spine")
+    budgets = [300, 0, 1, 64, 255]
+    tree = assert_tree_equal(lp, ids, budgets, 300)
+    roots = torch.tensor([1, 2, 3, 4, 5], device=CUDA)
+    seq_lens = torch.tensor([0, 7, 100, 3, 1], device=CUDA)
+    verify = ops.tree_verify_inputs(tree, roots, seq_lens)
+    cpu_tree = ops.TreeTensors(*(t.cpu() for t in tree))
+    reference = ops._verify_reference(cpu_tree, roots.cpu(), seq_lens.cpu(), verify.flat_mask.numel())
+    for name, ours, ref in zip(ops.VerifyInputs._fields, verify, reference, strict=True):
+        assert torch.equal(ours.cpu(), ref), name
+    generator = torch.Generator().manual_seed(6)
+    for predict in (ops._first_child_tokens(verify, generator), torch.randint(0, 4000, (5, 301), device=CUDA)):
+        ours = ops.greedy_accept(verify, predict, seq_lens, 15)
+        cpu_verify = ops.VerifyInputs(*(t.cpu() for t in verify))
+        ref = ops._accept_reference(cpu_verify, predict.cpu(), seq_lens.cpu(), 15)
+        for name, a, b in zip(ops.Acceptance._fields, ours, ref, strict=True):
+            assert torch.equal(a.cpu(), b), name
+
+
+def test_compare_with_reference_on_the_gpu():
+    assert ops.compare_with_reference(CUDA, seed=1) == []
+
+
+def test_a_round_is_capturable_in_a_cuda_graph():
+    generator = torch.Generator().manual_seed(8)
+    logits = (torch.randn(3, 15, 151936, generator=generator) * 3).to(torch.bfloat16).to(CUDA)
+    budgets = torch.tensor([64, 16, 256], device=CUDA)
+    roots = torch.tensor([1, 2, 3], device=CUDA)
+    seq_lens = torch.tensor([10, 20, 30], device=CUDA)
+    predict = torch.zeros(3, 257, dtype=torch.long, device=CUDA)
+    width = 257
+    mask_numel = int(((seq_lens + width) * width).sum())
+
+    def round_() -> tuple[torch.Tensor, ...]:
+        _, tree = ops.build_tree(logits, budgets, max_budget=256)
+        verify = ops.tree_verify_inputs(tree, roots, seq_lens, mask_numel)
+        accepted = ops.greedy_accept(verify, predict, seq_lens, 15)
+        return (*tree, *verify, *accepted)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        round_()  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = round_()
+    logits.copy_((torch.randn(3, 15, 151936, generator=generator) * 3).to(torch.bfloat16))
+    predict.copy_(torch.randint(0, 151936, (3, 257), generator=generator))
+    graph.replay()
+    torch.cuda.synchronize()
+    for replayed, eager in zip(captured, round_(), strict=True):
+        assert torch.equal(replayed, eager)
