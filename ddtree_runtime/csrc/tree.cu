@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <mutex>
+
 #include "common.cuh"
 
 namespace ddtree {
@@ -76,7 +78,11 @@ __global__ void __launch_bounds__(1024) build_tree_kernel(
     int depth_limit, int k_max, int max_budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
     int64_t* __restrict__ parents, double* __restrict__ scores, int64_t* __restrict__ ranks,
     int64_t* __restrict__ num_nodes) {
+  // The request's [L, K] log-probabilities, so that the pop loop touches shared memory only.
+  extern __shared__ float lp[];
   __shared__ double node_score[kMaxBudget + 1];
+  __shared__ int node_parent[kMaxBudget + 1];
+  __shared__ int node_depth_rank[kMaxBudget];  // depth << 16 | rank
   __shared__ Entry warp_winners[32];
   __shared__ Entry popped;
 
@@ -90,16 +96,17 @@ __global__ void __launch_bounds__(1024) build_tree_kernel(
     scores[request * width + i] = -INFINITY;
   }
   for (int i = threadIdx.x; i <= max_budget; i += blockDim.x) parents[request * (width + 1) + i] = kNoNode;
+  const int64_t table = static_cast<int64_t>(depth_limit) * k_max;
+  for (int64_t i = threadIdx.x; i < table; i += blockDim.x) lp[i] = log_probs[request * table + i];
 
   const int64_t requested = budgets[request];
   const int budget = requested < 0 ? 0 : static_cast<int>(requested > max_budget ? max_budget : requested);
   const int k = min(max(budget, 1), k_max);
-  const float* lp = log_probs + static_cast<int64_t>(request) * depth_limit * k_max;
-  const int64_t* ids = top_ids + static_cast<int64_t>(request) * depth_limit * k_max;
 
   Entry slots[kSlotsPerThread];
 #pragma unroll
   for (int j = 0; j < kSlotsPerThread; ++j) slots[j] = empty_entry();
+  __syncthreads();
   if (threadIdx.x == 0) {
     node_score[0] = 0.0;
     if (budget > 0 && depth_limit > 0 && k_max > 0) {
@@ -111,7 +118,6 @@ __global__ void __launch_bounds__(1024) build_tree_kernel(
       slots[0].slot = 0;
     }
   }
-  __syncthreads();
 
   int count = 0;
   for (int step = 0; step < budget; ++step) {
@@ -133,12 +139,9 @@ __global__ void __launch_bounds__(1024) build_tree_kernel(
     const int node = step + 1;
     count = node;
     if (threadIdx.x == 0) {
-      token_ids[request * width + step] = ids[(p.depth - 1) * k_max + p.rank];
-      depths[request * width + step] = p.depth;
-      ranks[request * width + step] = p.rank;
-      scores[request * width + step] = p.score;
-      parents[request * (width + 1) + node] = p.parent;
       node_score[node] = p.score;
+      node_parent[node] = p.parent;
+      node_depth_rank[step] = (p.depth << 16) | p.rank;
     }
     const bool more = node < budget;  // pushes of the last pop could never be popped
     const int sibling_slot = 1 + 2 * step, child_slot = 2 + 2 * step;
@@ -167,7 +170,27 @@ __global__ void __launch_bounds__(1024) build_tree_kernel(
       }
     }
   }
+  __syncthreads();
+  const int64_t* ids = top_ids + request * table;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int depth = node_depth_rank[i] >> 16, rank = node_depth_rank[i] & 0xffff;
+    token_ids[request * width + i] = ids[(depth - 1) * k_max + rank];
+    depths[request * width + i] = depth;
+    ranks[request * width + i] = rank;
+    scores[request * width + i] = node_score[i + 1];
+    parents[request * (width + 1) + i + 1] = node_parent[i + 1];
+  }
   if (threadIdx.x == 0) num_nodes[request] = count;
+}
+
+// The [L, K] table takes up to 64 KiB of dynamic shared memory: above the default 48 KiB, so opt in once per
+// device (before any graph capture, on the first call).
+void allow_log_prob_table(int device) {
+  static std::once_flag flags[64];
+  std::call_once(flags[device % 64], [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kMaxDepth * kMaxBudget * sizeof(float))));
+  });
 }
 
 }  // namespace
@@ -199,7 +222,9 @@ std::vector<at::Tensor> build_tree_cuda(const at::Tensor& log_probs, const at::T
     const at::Tensor budget_long = budgets.to(at::kLong).contiguous();
     // Slots 0 .. 2 * max_budget - 2 are ever written; each thread owns kSlotsPerThread of them.
     const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, ((max_budget + 31) / 32) * 32)));
-    build_tree_kernel<<<static_cast<unsigned>(batch), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    const size_t table_bytes = static_cast<size_t>(log_probs.size(1)) * log_probs.size(2) * sizeof(float);
+    allow_log_prob_table(log_probs.device().index());
+    build_tree_kernel<<<static_cast<unsigned>(batch), threads, table_bytes, c10::cuda::getCurrentCUDAStream()>>>(
         lp.data_ptr<float>(), ids.data_ptr<int64_t>(), budget_long.data_ptr<int64_t>(),
         static_cast<int>(log_probs.size(1)), static_cast<int>(log_probs.size(2)), static_cast<int>(max_budget),
         token_ids.data_ptr<int64_t>(), depths.data_ptr<int64_t>(), parents.data_ptr<int64_t>(),

@@ -71,7 +71,24 @@ def graph_us(fn: Callable[[], object], iterations: int) -> float:
     return event_us(graph.replay, iterations)
 
 
-def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, float | int]:
+def spin_up(seconds: float) -> None:
+    """Keep the GPU busy so that it leaves its idle clocks before a timing (they start near 345 MHz)."""
+    a = torch.randn(4096, 4096, device=CUDA, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def sm_clock_mhz() -> int | None:
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:  # pynvml missing or not permitted: the clock is then simply not reported
+        return None
+
+
+def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, float | int | None]:
     logits = make_logits(batch, args.depth, args.vocab, seed=batch * 7919 + budget)
     budgets = torch.full((batch,), budget, dtype=torch.long, device=CUDA)
     roots = torch.zeros(batch, dtype=torch.long, device=CUDA)
@@ -84,17 +101,23 @@ def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, floa
         _, t = ops.build_tree(logits, budgets, max_budget=budget)
         ops.tree_verify_inputs(t, roots, seq_lens, mask_numel=0)
 
-    result: dict[str, float | int] = {
+    result: dict[str, float | int | None] = {
         "batch": batch,
         "budget": budget,
         "nodes_first_request": int(tree.num_nodes[0]),
         "reference_us": reference_us(logits, budget, args.rounds),
+    }
+    spin_up(args.spin_up)
+    result |= {
+        "sm_clock_mhz_before": sm_clock_mhz(),
         "topk_us": event_us(lambda: ops.topk_log_probs(logits, top.ids.shape[2]), args.iterations),
         "tree_us": event_us(lambda: ops.build_tree_from_topk(top.log_probs, top.ids, budgets, budget), args.iterations),
         "verify_inputs_us": event_us(lambda: ops.tree_verify_inputs(tree, roots, seq_lens, 0), args.iterations),
         "flat_mask_us": event_us(lambda: ops.tree_verify_inputs(tree, roots, seq_lens, flat_numel), args.iterations),
         "ours_us": event_us(ours, args.iterations),
         "ours_graph_us": graph_us(ours, args.iterations),
+        "sm_clock_mhz_after": sm_clock_mhz(),
+        "empty_graph_kernel_us": graph_us(lambda: roots.add_(0), args.iterations),
     }
     result["speedup"] = result["reference_us"] / result["ours_us"]
     result["speedup_graph"] = result["reference_us"] / result["ours_graph_us"]
@@ -110,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=10, help="reference rounds (median)")
     p.add_argument("--iterations", type=int, default=50, help="kernel iterations per timing (mean)")
     p.add_argument("--seq-len", type=int, default=1024, help="committed length for the flat-mask timing")
+    p.add_argument("--spin-up", type=float, default=0.3, help="seconds of matmuls before each kernel timing")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and ops.extension_available()):
@@ -117,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [measure(batch, budget, args) for batch in map(int, args.batches.split(","))
             for budget in map(int, args.budgets.split(","))]
     header = ("| batch | budget | reference us | ours us (eager) | ours us (graph) | speedup (eager / graph) | "
-              "top-K us | tree us | verify inputs us | + flat mask us |")
+              "top-K us | tree us | verify inputs us | + flat mask us | one-kernel graph us | SM MHz |")
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"L={args.depth} V={args.vocab} bf16")
     print(header)
@@ -125,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"| {r['batch']} | {r['budget']} | {r['reference_us']:.0f} | {r['ours_us']:.1f} | "
               f"{r['ours_graph_us']:.1f} | {r['speedup']:.0f}x / {r['speedup_graph']:.0f}x | {r['topk_us']:.1f} | "
-              f"{r['tree_us']:.1f} | {r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} |")
+              f"{r['tree_us']:.1f} | {r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} | "
+              f"{r['empty_graph_kernel_us']:.1f} | {r['sm_clock_mhz_before']}/{r['sm_clock_mhz_after']} |")
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                 "depth": args.depth, "vocab": args.vocab, "seq_len": args.seq_len}
