@@ -1,0 +1,200 @@
+"""Batched, differentiable forwards over the reference modules' own parameters.
+
+The reference :class:`Qwen3ForCausalLM` and :class:`DFlashDraftModel` run batch 1 under
+``torch.inference_mode``; training needs batches and gradients. These functions reuse the same submodules
+(so a trained model saves with the reference ``save_*`` functions and loads unchanged) and use
+``scaled_dot_product_attention``. The tests check them against the reference forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from ddtree_runtime.reference.dflash import DFlashDraftModel
+from ddtree_runtime.reference.layers import apply_rope
+from ddtree_runtime.reference.qwen3 import Qwen3Attention, Qwen3ForCausalLM
+
+
+class RopeTable:
+    """cos/sin rows for positions ``0 .. size - 1`` on one device (looked up by integer position)."""
+
+    def __init__(self, inv_freq: torch.Tensor, size: int, device: torch.device | str) -> None:
+        freqs = torch.arange(size, dtype=torch.float32)[:, None] * inv_freq[None, :].float()
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(device)
+        self.sin = emb.sin().to(device)
+
+    def rows(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+
+
+def _split_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """``[B, T, heads * D]`` -> ``[B, heads, T, D]``."""
+    return x.unflatten(-1, (heads, head_dim)).transpose(1, 2)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).flatten(2)
+
+
+@dataclass
+class BatchKV:
+    """Per-layer K/V ``[B, Hkv, capacity, D]`` for batched greedy generation; ``length`` slots are live."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
+
+    @classmethod
+    def empty(cls, model: Qwen3ForCausalLM, batch: int, capacity: int, dtype: torch.dtype) -> BatchKV:
+        c = model.config
+        shape = (batch, c.num_key_value_heads, capacity, c.head_dim)
+        device = model.device
+        return cls(
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_hidden_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_hidden_layers)],
+        )
+
+
+def _target_attention(
+    attn: Qwen3Attention,
+    x: torch.Tensor,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    cache: BatchKV | None,
+    layer: int,
+) -> torch.Tensor:
+    cos, sin = cos_sin
+    q = apply_rope(attn.q_norm(_split_heads(attn.q_proj(x), attn.num_heads, attn.head_dim)), cos, sin)
+    k = apply_rope(attn.k_norm(_split_heads(attn.k_proj(x), attn.num_kv_heads, attn.head_dim)), cos, sin)
+    v = _split_heads(attn.v_proj(x), attn.num_kv_heads, attn.head_dim)
+    q, k = q.to(v.dtype), k.to(v.dtype)  # under autocast the norms return float32, the projections bf16
+    if cache is None or cache.length == 0:
+        if cache is not None:
+            cache.keys[layer][:, :, : x.shape[1]] = k
+            cache.values[layer][:, :, : x.shape[1]] = v
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:
+        if x.shape[1] != 1:
+            raise ValueError("after the prefill, cached generation takes one token per step")
+        end = cache.length + 1
+        cache.keys[layer][:, :, cache.length : end] = k
+        cache.values[layer][:, :, cache.length : end] = v
+        keys, values = cache.keys[layer][:, :, :end], cache.values[layer][:, :, :end]
+        out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+    return attn.o_proj(_merge_heads(out))
+
+
+def target_forward(
+    model: Qwen3ForCausalLM,
+    input_ids: torch.Tensor,
+    rope: RopeTable,
+    *,
+    capture_layers: Sequence[int] = (),
+    cache: BatchKV | None = None,
+    with_logits: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Causal forward of ``input_ids [B, T]`` -> (logits ``[B, T, V]``, features ``[B, T, n * H]``).
+
+    Features follow the reference: decoder-layer outputs, the last layer's entry final-normed. With
+    ``cache``, the call appends to it (prefill when empty, then one token per call).
+    """
+    start = 0 if cache is None else cache.length
+    positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+    x = model.model.embed_tokens(input_ids)
+    cos_sin = rope.rows(positions, x.dtype)
+    last = model.config.num_hidden_layers - 1
+    captured: dict[int, torch.Tensor] = {}
+    for index, layer in enumerate(model.model.layers):
+        x = x + _target_attention(layer.self_attn, layer.input_layernorm(x), cos_sin, cache, index)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if index in capture_layers and index != last:
+            captured[index] = x
+    x = model.model.norm(x)
+    if last in capture_layers:
+        captured[last] = x
+    if cache is not None:
+        cache.length += input_ids.shape[1]
+    features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
+    return (model.lm_head(x) if with_logits else None), features
+
+
+@torch.no_grad()
+def greedy_continue(
+    model: Qwen3ForCausalLM, prompts: torch.Tensor, new_tokens: int, rope: RopeTable, dtype: torch.dtype
+) -> torch.Tensor:
+    """Greedy continuations ``[B, P + new_tokens]`` of equal-length prompts ``[B, P]`` (KV cached)."""
+    cache = BatchKV.empty(model, prompts.shape[0], prompts.shape[1] + new_tokens, dtype)
+    logits, _ = target_forward(model, prompts, rope, cache=cache)
+    assert logits is not None
+    pieces = [prompts]
+    token = logits[:, -1].argmax(-1, keepdim=True)
+    for step in range(new_tokens):
+        pieces.append(token)
+        if step + 1 < new_tokens:
+            logits, _ = target_forward(model, token, rope, cache=cache)
+            assert logits is not None
+            token = logits[:, -1].argmax(-1, keepdim=True)
+    return torch.cat(pieces, dim=1)
+
+
+def block_visibility(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
+    """Bool ``[B, 1, A * S, T + A * S]``: block j sees context positions ``< anchors[j]`` and its own S slots."""
+    batch, count = anchors.shape
+    device = anchors.device
+    block_of_query = torch.arange(count * block_size, device=device) // block_size
+    context = torch.arange(context_length, device=device)
+    sees_context = context[None, None, :] < anchors[:, block_of_query, None]
+    sees_block = block_of_query[:, None] == block_of_query[None, :]
+    sees_block = sees_block[None].expand(batch, -1, -1)
+    return torch.cat([sees_context, sees_block], dim=-1)[:, None]
+
+
+def drafter_block_logits(
+    drafter: DFlashDraftModel,
+    target: Qwen3ForCausalLM,
+    features: torch.Tensor,
+    input_ids: torch.Tensor,
+    anchors: torch.Tensor,
+    *,
+    rope: RopeTable,
+) -> torch.Tensor:
+    """DFlash training forward: one block per anchor, all blocks of a sequence in one pass.
+
+    ``features [B, T, n * H]`` are the target features of ``input_ids [B, T]``; ``anchors [B, A]`` are block
+    start positions (the anchor token is the block's clean slot 0, the other slots hold the mask token).
+    Block j attends to the fused context features of positions ``< anchors[j]`` and bidirectionally to its
+    own slots, exactly what the drafter sees at inference. Returns logits ``[B, A, S - 1, V]`` for slots
+    1 .. S-1 (slot k predicts the token at ``anchor + k``).
+    """
+    config = drafter.config
+    size = config.block_size
+    batch, count = anchors.shape
+    block_ids = torch.full((batch, count, size), config.mask_token_id, dtype=torch.long, device=input_ids.device)
+    block_ids[:, :, 0] = input_ids.gather(1, anchors)
+    block = target.model.embed_tokens(block_ids.flatten(1)) * config.input_embedding_scale
+    context = drafter.hidden_norm(drafter.fc(features))
+    block_positions = (anchors[:, :, None] + torch.arange(size, device=anchors.device)).flatten(1)
+    context_positions = torch.arange(features.shape[1], device=features.device)
+    q_cos, q_sin = rope.rows(block_positions, block.dtype)
+    q_rope = (q_cos[:, None], q_sin[:, None])
+    c_cos, c_sin = rope.rows(context_positions, block.dtype)
+    k_cos = torch.cat([c_cos.expand(batch, -1, -1), q_cos], dim=1)[:, None]
+    k_sin = torch.cat([c_sin.expand(batch, -1, -1), q_sin], dim=1)[:, None]
+    allowed = block_visibility(anchors, features.shape[1], size)
+    for layer in drafter.layers:
+        attn = layer.self_attn
+        normed = layer.input_layernorm(block)
+        q = apply_rope(attn.q_norm(_split_heads(attn.q_proj(normed), attn.num_heads, attn.head_dim)), *q_rope)
+        both = torch.cat([context, normed], dim=1)
+        k = apply_rope(attn.k_norm(_split_heads(attn.k_proj(both), attn.num_kv_heads, attn.head_dim)), k_cos, k_sin)
+        v = _split_heads(attn.v_proj(both), attn.num_kv_heads, attn.head_dim)
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+        block = block + attn.o_proj(_merge_heads(out))
+        block = block + layer.mlp(layer.post_attention_layernorm(block))
+    hidden = drafter.norm(block).unflatten(1, (count, size))[:, :, 1:]
+    return drafter.compute_logits(hidden, target.lm_head)

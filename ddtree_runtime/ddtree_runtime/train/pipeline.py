@@ -1,0 +1,110 @@
+"""The whole recipe: corpus -> target -> self-distillation data -> drafter -> checkpoints + provenance."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddtree_runtime.reference import random_dflash, random_qwen3
+from ddtree_runtime.train.corpus import build_stream, list_sources, split_sources, spread_sample, stdlib_root
+from ddtree_runtime.train.loop import (
+    DraftSettings,
+    Schedule,
+    distill_sequences,
+    drafter_chain_tau,
+    mean_loss,
+    train_drafter,
+    train_target,
+)
+from ddtree_runtime.train.pair import PAIR_NAME, SHAPES, drafter_config, save_pair, target_config
+
+
+@dataclass(frozen=True)
+class PairRecipe:
+    shape: str = "tiny"
+    seed: int = 0
+    seq_len: int = 512
+    target: Schedule = field(default_factory=lambda: Schedule(seconds=150, max_steps=100_000, batch=128, lr=3e-3))
+    drafter: Schedule = field(default_factory=lambda: Schedule(seconds=120, max_steps=100_000, batch=64, lr=2e-3))
+    draft: DraftSettings = field(default_factory=DraftSettings)
+    max_files: int | None = None
+    held_out_per_mille: int = 50
+
+
+def _log(message: str) -> None:
+    print(f"[train {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None = None) -> dict[str, Any]:
+    """Train both models and write them under ``output``; returns the provenance record (also saved)."""
+    begin = time.monotonic()
+    torch.manual_seed(recipe.seed)
+    generator = torch.Generator().manual_seed(recipe.seed)
+    root = root or stdlib_root()
+    files = spread_sample(list_sources(root), recipe.max_files)
+    train_files, held_out_files = split_sources(files, recipe.held_out_per_mille)
+    train_stream, held_out_stream = build_stream(train_files), build_stream(held_out_files)
+    _log(f"corpus: {len(train_files)} train / {len(held_out_files)} held-out files, {train_stream.size} tokens")
+
+    shape = SHAPES[recipe.shape]
+    log: list[dict[str, Any]] = []
+    target = random_qwen3(target_config(shape), recipe.seed, std=0.02).to(device)
+    target_steps = train_target(
+        target, train_stream, recipe.target, seq_len=recipe.seq_len, generator=generator, log=log
+    )
+    held_out_loss = mean_loss(target, held_out_stream, recipe.seq_len, batches=8, batch=32)
+    _log(f"target: {target_steps} steps, held-out loss {held_out_loss:.3f} nats/byte")
+
+    sequences = distill_sequences(target, train_stream, recipe.draft, generator)
+    held_out_draft = replace_batches(recipe.draft, 1, min(recipe.draft.distill_batch, 128))
+    held_out_sequences = distill_sequences(target, held_out_stream, held_out_draft, generator)
+    _log(f"distilled {sequences.shape[0]} sequences of {sequences.shape[1]} tokens")
+
+    drafter = random_dflash(drafter_config(shape), recipe.seed + 1, std=0.02).to(device)
+    drafter_steps = train_drafter(
+        drafter,
+        target,
+        sequences,
+        schedule=recipe.drafter,
+        settings=recipe.draft,
+        generator=generator,
+        log=log,
+    )
+    held_out_tau = drafter_chain_tau(drafter, target, held_out_sequences, recipe.draft, batch=32)
+    _log(f"drafter: {drafter_steps} steps, held-out teacher-forced chain tau {held_out_tau:.3f}")
+
+    provenance = {
+        "recipe": asdict(recipe),
+        "corpus": {
+            "root": str(root),
+            "python": platform.python_version(),
+            "train_files": len(train_files),
+            "held_out_files": len(held_out_files),
+            "train_tokens": train_stream.size,
+            "chat_examples": int(train_stream.chat_starts.numel()),
+        },
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu",
+        "target_steps": target_steps,
+        "target_held_out_loss_nats_per_byte": held_out_loss,
+        "distilled_sequences": int(sequences.shape[0]),
+        "drafter_steps": drafter_steps,
+        "drafter_held_out_chain_tau_teacher_forced": held_out_tau,
+        "seconds": round(time.monotonic() - begin, 1),
+    }
+    output.mkdir(parents=True, exist_ok=True)
+    save_pair(target.cpu(), drafter.cpu(), output, provenance, PAIR_NAME)
+    (output / "train_log.json").write_text(json.dumps({"provenance": provenance, "log": log}, indent=2) + "\n")
+    _log(f"wrote {output / PAIR_NAME} and {output / (PAIR_NAME + '-dflash')}")
+    return provenance
+
+
+def replace_batches(settings: DraftSettings, batches: int, batch: int) -> DraftSettings:
+    return DraftSettings(**{**asdict(settings), "distill_max_batches": batches, "distill_batch": batch})
