@@ -10,7 +10,8 @@ Run on the serving host before the service is switched (the Ansible role does). 
 - ``tree``: a best-first tree from random drafter logits has the structure DDTree guarantees;
 - ``ddtree_decode``: a short greedy DDTree decode with small random models equals autoregressive decoding, on
   the GPU when there is one;
-- ``sglang_plugin``: SGLang in this environment resolves ``DDTREE`` through the plugin entry point (required with
+- ``sglang_plugin``: SGLang in this environment resolves ``DDTREE`` through the plugin entry point and its worker
+  class imports (required with
   ``--require-sglang-plugin``; otherwise reported when SGLang is installed).
 """
 
@@ -133,11 +134,19 @@ def check_sglang_plugin(required: bool) -> Check | None:
         from sglang.srt.plugins import load_plugins  # noqa: PLC0415
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: PLC0415
 
+        from ddtree_runtime.sglang import registration_error  # noqa: PLC0415
+
         load_plugins()
         algorithm = SpeculativeAlgorithm.from_string("DDTREE")
+        # The worker class is imported only in scheduler processes; import it here so a broken one shows now.
+        worker = algorithm.factory(None)
     except Exception as error:
-        return Check("sglang_plugin", False, f"SGLang does not resolve DDTREE: {type(error).__name__}: {error}")
-    return Check("sglang_plugin", True, f"SGLang {version('sglang')} resolves DDTREE to {algorithm!r}")
+        refusal = registration_error()
+        why = f" (plugin refused: {refusal})" if refusal is not None and str(refusal) not in str(error) else ""
+        return Check("sglang_plugin", False,
+                     f"SGLang does not resolve DDTREE: {type(error).__name__}: {error}{why}")
+    return Check("sglang_plugin", True,
+                 f"SGLang {version('sglang')} resolves DDTREE to {algorithm!r}, worker {worker.__qualname__}")
 
 
 def run_checks(require_sglang_plugin: bool) -> list[Check]:

@@ -1,0 +1,113 @@
+"""The DDTree plugin against a real SGLang 0.5.23 (CPU): entry point, registration, server args, hooks, layouts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from contract_support import ProbeRunner, probe_env
+
+PRODUCTION_LIKE = ["--model-path", "/models/target", "--tp-size", "2", "--speculative-algorithm", "DDTREE",
+                   "--speculative-draft-model-path", "/models/drafter", "--speculative-num-draft-tokens", "16",
+                   "--trust-remote-code"]
+
+
+def test_entry_point_loads_and_ddtree_resolves(run_probe: ProbeRunner) -> None:
+    result = run_probe("plugins")
+    assert result["entry_points"]["ddtree"] == "ddtree_runtime.sglang:register"
+    assert result["resolved"] == "CustomSpecAlgo('DDTREE')"
+    assert result["refusal"] is None and result["error"] is None
+
+
+def test_other_plugin_selection_leaves_ddtree_unknown(run_probe: ProbeRunner) -> None:
+    result = run_probe("plugins", env={"SGLANG_PLUGINS": "someone_else"})
+    assert result["resolved"] is None
+    assert "Unknown speculative algorithm name: DDTREE" in result["error"]
+
+
+def test_unsupported_release_is_refused_loudly(run_probe: ProbeRunner) -> None:
+    result = run_probe("plugins-as", ["0.5.22"])
+    assert result["resolved"] is None
+    assert "UnsupportedSGLang" in result["refusal"] and "0.5.22" in result["refusal"]
+    assert result["error"].startswith("UnsupportedSGLang: DDTREE is unavailable: the ddtree_runtime plugin refused")
+
+
+def test_self_check_covers_the_plugin_under_the_installed_sglang(sglang_python: Path) -> None:
+    completed = subprocess.run([str(sglang_python), "-m", "ddtree_runtime.check", "--json", "--require-sglang-plugin"],
+                               capture_output=True, text=True, env=probe_env(), timeout=600, check=False)
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    checks = {check["name"]: check for check in report["checks"]}
+    assert completed.returncode == 0, report
+    assert "resolves DDTREE" in checks["sglang_plugin"]["detail"]
+    assert "DDTreeWorker" in checks["sglang_plugin"]["detail"]
+    assert checks["ddtree_decode"]["ok"]
+
+
+def test_self_check_fails_when_the_plugin_is_not_selected(sglang_python: Path) -> None:
+    completed = subprocess.run([str(sglang_python), "-m", "ddtree_runtime.check", "--json", "--require-sglang-plugin"],
+                               capture_output=True, text=True, env=probe_env({"SGLANG_PLUGINS": "other"}),
+                               timeout=600, check=False)
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    plugin_check = next(check for check in report["checks"] if check["name"] == "sglang_plugin")
+    assert completed.returncode == 1
+    assert not plugin_check["ok"] and "Unknown speculative algorithm name: DDTREE" in plugin_check["detail"]
+
+
+def test_server_args_handling_sets_what_ddtree_needs(run_probe: ProbeRunner) -> None:
+    spec = run_probe("resolve-spec", PRODUCTION_LIKE, env={"DDTREE_BUDGET": "64", "DDTREE_TOPK": "8"})
+    assert spec["resolved"] == {
+        "speculative_num_steps": 1,
+        "speculative_eagle_topk": 2,
+        "disable_overlap_schedule": True,
+        "speculative_num_draft_tokens": 16,
+        "max_running_requests": 48,
+        "page_size": 1,
+    }
+    assert spec["predicates"] == {"is_dflash": True, "is_dflash_family": True,
+                                  "supports_target_verify_for_draft": True, "has_draft_kv": True,
+                                  "is_eagle": False}
+    assert (spec["max_draft_tokens"], spec["target_verify_width"], spec["draft_verify_width"]) == (65, 65, 16)
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "env", "message"),
+    [
+        (["--page-size", "16"], {}, "needs --page-size 1"),
+        (["--attention-backend", "trtllm_mha"], {}, "rejects tree verification"),
+        (["--speculative-draft-window-size", "2048"], {}, "speculative-draft-window-size"),
+        ([], {"DDTREE_BUDGET": "-1"}, "DDTREE_BUDGET must be a positive integer"),
+    ],
+)
+def test_server_args_handling_refuses_what_ddtree_cannot_run(
+    run_probe: ProbeRunner, extra_args: list[str], env: dict[str, str], message: str
+) -> None:
+    failed = run_probe("resolve-spec", [*PRODUCTION_LIKE, *extra_args], env=env, expect_rc=1)
+    assert message in failed["stderr"]
+
+
+def test_draft_length_above_the_drafter_block_is_refused(run_probe: ProbeRunner) -> None:
+    args = ["32" if arg == "16" else arg for arg in PRODUCTION_LIKE]
+    failed = run_probe("resolve-spec", args, expect_rc=1)
+    assert "must be in 2..16" in failed["stderr"]
+
+
+def test_hooks_apply_and_the_worker_subclasses_dflash_v2(run_probe: ProbeRunner) -> None:
+    result = run_probe("hooks")
+    assert result["missing"] == []
+    assert all(result["wrapped"].values()), result["wrapped"]
+    assert result["worker"] == "ddtree_runtime.sglang.worker.DDTreeWorker"
+    assert result["worker_is_dflash_v2"] is True
+    assert {"retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "custom_mask", "topk"} <= set(
+        result["verify_input_fields"])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sglang_greedy_tree_verify_walks_ddtree_layouts_like_the_reference(run_probe: ProbeRunner, seed: int) -> None:
+    result = run_probe("greedy-verify", [str(seed)], env={"TRITON_INTERPRET": "1"})
+    for request in result["requests"]:
+        assert request["sglang_nodes"] == request["ddtree_nodes"]
+        assert request["sglang_committed"] == request["ddtree_committed"]
+        assert request["sglang_committed"][-1] == request["bonus"]
+    assert any(len(request["ddtree_nodes"]) > 1 for request in result["requests"])
