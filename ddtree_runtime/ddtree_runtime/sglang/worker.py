@@ -319,6 +319,10 @@ class DDTreeWorker(DFlashWorkerV2):
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
         logits_output = target_out.logits_output
+        target_lp = self._target_logits_processor
+        if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
+            # The tree walk needs full-vocabulary logits on every node (argmax or sampling), never a shard.
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(logits_output.next_token_logits)
         if logits_output.hidden_states is None:
             raise RuntimeError("DDTREE verify needs the target's aux hidden states, got None")
         return logits_output, target_out, verify_input
