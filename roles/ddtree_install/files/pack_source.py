@@ -14,7 +14,8 @@ import sys
 import tarfile
 from collections.abc import Iterator
 
-SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache", ".ruff_cache", ".hypothesis", "tests"}
+# tests and the shipped model pair are not needed to run the package on a serving host.
+SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache", ".ruff_cache", ".hypothesis", "tests", "models"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".egg-info")
 
 
