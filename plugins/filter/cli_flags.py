@@ -11,8 +11,8 @@ short_description: Turn a dictionary of command-line flags into an argument list
 version_added: 0.1.0
 author: Pivot developers (@pivot)
 description:
-  - Renders C({"tp-size": 2, "trust-remote-code": true}) as C(["--tp-size", "2", "--trust-remote-code"]), in the
-    dictionary's order, the way SGLang's argparse reads them.
+  - 'Renders a dictionary such as C({"tp-size": 2, "trust-remote-code": true}) as C(["--tp-size", "2",
+    "--trust-remote-code"]), in the dictionary''s order, the way argparse-based servers such as SGLang read them.'
   - V(true) gives the bare flag, V(false) and V(null) leave the flag out, a list gives the flag followed by each
     element (argparse C(nargs)), anything else gives the flag and its value as a string.
   - Keys may be given with or without the leading C(--); underscores stay as written.

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
-COPY_EXCLUDES = [".venv", ".venv-rt", ".cache", ".git", "artifacts", "inventory/lab", "*.egg-info",
+COPY_EXCLUDES = [".venv", ".venv-rt", ".venv-sglang", ".cache", ".git", "artifacts", "inventory/lab", "*.egg-info",
                  "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "build"]
 
 
