@@ -1,8 +1,11 @@
 // Best-first DDTree construction from per-depth top-K log-probabilities, one block per request.
 //
-// The frontier is the reference's fixed slot array (pop t writes its next sibling to slot 1 + 2t and its first
-// child to slot 2 + 2t); each thread owns two slots in registers. A pop is a block-wide arg-best over the
-// frontier by (float64 score desc, rank path asc), so the result equals the Python heap's pop order exactly.
+// The pop loop runs in one warp. The frontier lives in shared memory as slots of (64-bit score key, packed
+// parent/depth/rank); lane l owns slots l, l + 32, ... and keeps the best of them in registers. A pop is a
+// warp arg-max of the lanes' bests on the score key (two __reduce_max_sync), with the rank path consulted
+// only when scores tie exactly; the winning lane then rescans its own slots. A pop's first push reuses the
+// popped slot and the second is appended, so at most budget + 1 slots exist. The order (float64 score desc,
+// rank path asc) equals the Python heap's pop order exactly.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -13,183 +16,230 @@
 namespace ddtree {
 namespace {
 
-constexpr int kSlotsPerThread = 2;
+constexpr int kTreeThreads = 256;
+constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kPathWords = kMaxDepth / 4;
+constexpr uint64_t kSignBit = uint64_t{1} << 63;
 
-// A frontier entry. The rank path stores rank + 1 per level (0 = level absent), 16 bits per level, most
-// significant level first, so comparing the words lexicographically orders paths as tuples do (a prefix
-// before its extensions).
-struct Entry {
-  double score;
-  uint64_t path[kPathWords];
-  int parent;
-  int depth;
-  int rank;
-  int slot;  // -1: empty
+// Order-preserving map of a float64 score to uint64 (larger score -> larger key); -0.0 folds onto +0.0.
+// Key 0 would be a NaN pattern that the scores never take, so it marks an empty slot.
+__device__ __forceinline__ uint64_t score_key(double score) {
+  uint64_t bits = static_cast<uint64_t>(__double_as_longlong(score));
+  if (bits == kSignBit) bits = 0;
+  return (bits & kSignBit) ? ~bits : (bits | kSignBit);
+}
+
+__device__ __forceinline__ double key_score(uint64_t key) {
+  const uint64_t bits = (key & kSignBit) ? (key & ~kSignBit) : ~key;
+  return __longlong_as_double(static_cast<long long>(bits));
+}
+
+// A frontier entry's node-to-be: parent node (< 2^16), depth (1..16) and rank (< 1024).
+__device__ __forceinline__ uint32_t pack_entry(int parent, int depth, int rank) {
+  return (static_cast<uint32_t>(parent) << 16) | (static_cast<uint32_t>(depth) << 10) | static_cast<uint32_t>(rank);
+}
+__device__ __forceinline__ int entry_parent(uint32_t e) { return static_cast<int>(e >> 16); }
+__device__ __forceinline__ int entry_depth(uint32_t e) { return static_cast<int>((e >> 10) & 0x3fu); }
+__device__ __forceinline__ int entry_rank(uint32_t e) { return static_cast<int>(e & 0x3ffu); }
+
+// Word `word` of a rank path holding only `value` at `level`. Paths store rank + 1 per level (0 = absent),
+// 16 bits per level, most significant level first, so comparing words orders paths as tuples do.
+__device__ __forceinline__ uint64_t level_bits(int word, int level, int value) {
+  return word == (level >> 2) ? static_cast<uint64_t>(value) << ((3 - (level & 3)) * 16) : uint64_t{0};
+}
+
+// Rank path of an entry ascending: its parent's path plus its own rank at level depth - 1.
+__device__ bool path_less(uint32_t a, uint32_t b, const uint64_t* __restrict__ node_path) {
+  const uint64_t* pa = node_path + entry_parent(a) * kPathWords;
+  const uint64_t* pb = node_path + entry_parent(b) * kPathWords;
+#pragma unroll
+  for (int w = 0; w < kPathWords; ++w) {
+    const uint64_t wa = pa[w] | level_bits(w, entry_depth(a) - 1, entry_rank(a) + 1);
+    const uint64_t wb = pb[w] | level_bits(w, entry_depth(b) - 1, entry_rank(b) + 1);
+    if (wa != wb) return wa < wb;
+  }
+  return false;
+}
+
+// The block's shared memory, carved from one dynamic allocation (8-byte arrays first).
+struct TreeSmem {
+  double* node_score;    // [max_budget + 1], node 0 = root
+  uint64_t* node_path;   // [(max_budget + 1) * kPathWords]
+  uint64_t* slot_key;    // [max_budget + 1]
+  int* node_parent;      // [max_budget + 1]
+  int* node_depth_rank;  // [max_budget], depth << 16 | rank of node i + 1
+  uint32_t* slot_entry;  // [max_budget + 1]
+  float* lp;             // [L * K]
+  int* count;            // [1]
 };
 
-__device__ __forceinline__ Entry empty_entry() {
-  Entry e{};
-  e.slot = -1;
-  return e;
+__host__ __device__ inline size_t tree_smem_bytes(int max_budget, int64_t table) {
+  const size_t nodes = static_cast<size_t>(max_budget) + 1;
+  return nodes * (sizeof(double) + kPathWords * sizeof(uint64_t) + sizeof(uint64_t) + sizeof(int) + sizeof(int) +
+                  sizeof(uint32_t)) +
+         static_cast<size_t>(table) * sizeof(float) + sizeof(int);
 }
 
-__device__ __forceinline__ bool precedes(const Entry& a, const Entry& b) {
-  if (a.slot < 0) return false;
-  if (b.slot < 0) return true;
-  if (a.score != b.score) return a.score > b.score;
-#pragma unroll
-  for (int w = 0; w < kPathWords; ++w) {
-    if (a.path[w] != b.path[w]) return a.path[w] < b.path[w];
+__device__ TreeSmem carve(unsigned char* base, int max_budget) {
+  const size_t nodes = static_cast<size_t>(max_budget) + 1;
+  TreeSmem s;
+  s.node_score = reinterpret_cast<double*>(base);
+  s.node_path = reinterpret_cast<uint64_t*>(s.node_score + nodes);
+  s.slot_key = s.node_path + nodes * kPathWords;
+  s.node_parent = reinterpret_cast<int*>(s.slot_key + nodes);
+  s.node_depth_rank = s.node_parent + nodes;
+  s.slot_entry = reinterpret_cast<uint32_t*>(s.node_depth_rank + nodes);
+  s.lp = reinterpret_cast<float*>(s.slot_entry + nodes);
+  s.count = reinterpret_cast<int*>(s.lp);  // placed after the table by the caller's offset below
+  return s;
+}
+
+// Lane-local best of one slot vs the current best (key desc, then rank path asc).
+__device__ __forceinline__ void consider_slot(int slot, const TreeSmem& s, uint64_t& best_key, int& best_slot) {
+  const uint64_t key = s.slot_key[slot];
+  if (key > best_key ||
+      (key == best_key && key != 0 && path_less(s.slot_entry[slot], s.slot_entry[best_slot], s.node_path))) {
+    best_key = key;
+    best_slot = slot;
   }
-  return a.slot < b.slot;
 }
 
-__device__ __forceinline__ void set_level(uint64_t (&path)[kPathWords], int level, int value) {
-  const int shift = (3 - (level & 3)) * 16;
-#pragma unroll
-  for (int w = 0; w < kPathWords; ++w) {
-    if (w == (level >> 2)) path[w] = (path[w] & ~(uint64_t{0xffff} << shift)) | (static_cast<uint64_t>(value) << shift);
+// Warp 0: the pops. Returns the number of nodes popped (same value in every lane).
+__device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, int k_max) {
+  const int lane = threadIdx.x;
+  uint64_t best_key = 0;
+  int best_slot = -1;
+  int slot_count = 0;
+  if (lane < kPathWords) s.node_path[lane] = 0;
+  if (lane == 0) s.node_score[0] = 0.0;
+  if (budget > 0 && depth_limit > 0 && k_max > 0) {
+    slot_count = 1;
+    if (lane == 0) {
+      best_key = score_key(0.0 + static_cast<double>(s.lp[0]));
+      best_slot = 0;
+      s.slot_key[0] = best_key;
+      s.slot_entry[0] = pack_entry(0, 1, 0);
+    }
   }
-}
-
-__device__ __forceinline__ Entry shuffle_down(const Entry& e, int offset) {
-  Entry out;
-  out.score = __shfl_down_sync(0xffffffffu, e.score, offset);
-#pragma unroll
-  for (int w = 0; w < kPathWords; ++w) out.path[w] = __shfl_down_sync(0xffffffffu, e.path[w], offset);
-  out.parent = __shfl_down_sync(0xffffffffu, e.parent, offset);
-  out.depth = __shfl_down_sync(0xffffffffu, e.depth, offset);
-  out.rank = __shfl_down_sync(0xffffffffu, e.rank, offset);
-  out.slot = __shfl_down_sync(0xffffffffu, e.slot, offset);
-  return out;
-}
-
-__device__ __forceinline__ Entry warp_best(Entry best) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const Entry other = shuffle_down(best, offset);
-    if (precedes(other, best)) best = other;
+  __syncwarp();
+  int count = 0;
+  for (int step = 0; step < budget; ++step) {
+    const uint32_t hi = __reduce_max_sync(kFullWarp, static_cast<uint32_t>(best_key >> 32));
+    const uint32_t lo =
+        __reduce_max_sync(kFullWarp, static_cast<uint32_t>(best_key >> 32) == hi ? static_cast<uint32_t>(best_key) : 0u);
+    const uint64_t top = (static_cast<uint64_t>(hi) << 32) | lo;
+    if (top == 0) break;  // the frontier ran dry (tiny vocabulary and depth)
+    uint32_t tied = __ballot_sync(kFullWarp, best_key == top);
+    int winner = __ffs(tied) - 1;
+    int slot = __shfl_sync(kFullWarp, best_slot, winner);
+    for (tied &= tied - 1; tied != 0; tied &= tied - 1) {  // exact score ties across lanes: rank paths decide
+      const int other = __ffs(tied) - 1;
+      const int other_slot = __shfl_sync(kFullWarp, best_slot, other);
+      if (path_less(s.slot_entry[other_slot], s.slot_entry[slot], s.node_path)) {
+        winner = other;
+        slot = other_slot;
+      }
+    }
+    const uint32_t entry = s.slot_entry[slot];
+    const int parent = entry_parent(entry), depth = entry_depth(entry), rank = entry_rank(entry);
+    const double score = key_score(top);
+    const int node = step + 1;
+    count = node;
+    if (lane == 0) {
+      s.node_score[node] = score;
+      s.node_parent[node] = parent;
+      s.node_depth_rank[step] = (depth << 16) | rank;
+    }
+    if (lane < kPathWords) {
+      s.node_path[node * kPathWords + lane] = s.node_path[parent * kPathWords + lane] | level_bits(lane, depth - 1, rank + 1);
+    }
+    const bool more = node < budget;  // pushes of the last pop could never be popped
+    const bool has_sibling = more && rank + 1 < k;
+    const bool has_child = more && depth < depth_limit;
+    uint64_t first_key = 0;
+    uint32_t first_entry = 0;
+    uint64_t child_key = 0;
+    if (has_child) child_key = score_key(score + static_cast<double>(s.lp[depth * k_max]));
+    if (has_sibling) {
+      // From the parent's score, never logw - lp[r] + lp[r + 1]: -inf must not turn into NaN.
+      first_key = score_key(s.node_score[parent] + static_cast<double>(s.lp[(depth - 1) * k_max + rank + 1]));
+      first_entry = pack_entry(parent, depth, rank + 1);
+    } else if (has_child) {
+      first_key = child_key;
+      first_entry = pack_entry(node, depth + 1, 0);
+    }
+    if (lane == winner) {
+      s.slot_key[slot] = first_key;
+      s.slot_entry[slot] = first_entry;
+    }
+    const bool append = has_sibling && has_child;
+    const int appended = slot_count;
+    if (append) {
+      ++slot_count;
+      if (lane == (appended & 31)) {
+        s.slot_key[appended] = child_key;
+        s.slot_entry[appended] = pack_entry(node, depth + 1, 0);
+      }
+    }
+    __syncwarp();
+    if (lane == winner) {
+      best_key = 0;
+      best_slot = -1;
+      for (int i = lane; i < slot_count; i += 32) consider_slot(i, s, best_key, best_slot);
+    } else if (append && lane == (appended & 31)) {
+      consider_slot(appended, s, best_key, best_slot);
+    }
+    __syncwarp();
   }
-  return best;
+  return count;
 }
 
-__global__ void __launch_bounds__(1024) build_tree_kernel(
+__global__ void __launch_bounds__(kTreeThreads) build_tree_kernel(
     const float* __restrict__ log_probs, const int64_t* __restrict__ top_ids, const int64_t* __restrict__ budgets,
     int depth_limit, int k_max, int max_budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
     int64_t* __restrict__ parents, double* __restrict__ scores, int64_t* __restrict__ ranks,
     int64_t* __restrict__ num_nodes) {
-  // The request's [L, K] log-probabilities, so that the pop loop touches shared memory only.
-  extern __shared__ float lp[];
-  __shared__ double node_score[kMaxBudget + 1];
-  __shared__ int node_parent[kMaxBudget + 1];
-  __shared__ int node_depth_rank[kMaxBudget];  // depth << 16 | rank
-  __shared__ Entry warp_winners[32];
-  __shared__ Entry popped;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t table = static_cast<int64_t>(depth_limit) * k_max;
+  TreeSmem s = carve(smem, max_budget);
+  s.count = reinterpret_cast<int*>(s.lp + table);
 
   const int request = blockIdx.x;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int64_t width = max_budget;
-  for (int i = threadIdx.x; i < max_budget; i += blockDim.x) {
-    token_ids[request * width + i] = kNoNode;
-    depths[request * width + i] = 0;
-    ranks[request * width + i] = kNoNode;
-    scores[request * width + i] = -INFINITY;
-  }
-  for (int i = threadIdx.x; i <= max_budget; i += blockDim.x) parents[request * (width + 1) + i] = kNoNode;
-  const int64_t table = static_cast<int64_t>(depth_limit) * k_max;
-  for (int64_t i = threadIdx.x; i < table; i += blockDim.x) lp[i] = log_probs[request * table + i];
-
+  for (int64_t i = threadIdx.x; i < table; i += blockDim.x) s.lp[i] = log_probs[request * table + i];
   const int64_t requested = budgets[request];
   const int budget = requested < 0 ? 0 : static_cast<int>(requested > max_budget ? max_budget : requested);
   const int k = min(max(budget, 1), k_max);
-
-  Entry slots[kSlotsPerThread];
-#pragma unroll
-  for (int j = 0; j < kSlotsPerThread; ++j) slots[j] = empty_entry();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    node_score[0] = 0.0;
-    if (budget > 0 && depth_limit > 0 && k_max > 0) {
-      slots[0].score = 0.0 + static_cast<double>(lp[0]);
-      set_level(slots[0].path, 0, 1);
-      slots[0].parent = 0;
-      slots[0].depth = 1;
-      slots[0].rank = 0;
-      slots[0].slot = 0;
-    }
-  }
-
-  int count = 0;
-  for (int step = 0; step < budget; ++step) {
-    Entry best = empty_entry();
-#pragma unroll
-    for (int j = 0; j < kSlotsPerThread; ++j) {
-      if (precedes(slots[j], best)) best = slots[j];
-    }
-    best = warp_best(best);
-    if (lane == 0) warp_winners[warp] = best;
-    __syncthreads();
-    if (warp == 0) {
-      best = warp_best(lane < warps ? warp_winners[lane] : empty_entry());
-      if (lane == 0) popped = best;
-    }
-    __syncthreads();
-    const Entry p = popped;
-    if (p.slot < 0) break;  // the frontier ran dry (tiny vocabulary and depth)
-    const int node = step + 1;
-    count = node;
-    if (threadIdx.x == 0) {
-      node_score[node] = p.score;
-      node_parent[node] = p.parent;
-      node_depth_rank[step] = (p.depth << 16) | p.rank;
-    }
-    const bool more = node < budget;  // pushes of the last pop could never be popped
-    const int sibling_slot = 1 + 2 * step, child_slot = 2 + 2 * step;
-#pragma unroll
-    for (int j = 0; j < kSlotsPerThread; ++j) {
-      const int slot = j * blockDim.x + threadIdx.x;
-      if (slot == p.slot) slots[j].slot = -1;
-      if (more && slot == sibling_slot && p.rank + 1 < k) {
-        Entry e = p;
-        // From the parent's score, never logw - lp[r] + lp[r + 1]: -inf must not turn into NaN.
-        e.score = node_score[p.parent] + static_cast<double>(lp[(p.depth - 1) * k_max + p.rank + 1]);
-        set_level(e.path, p.depth - 1, p.rank + 2);
-        e.rank = p.rank + 1;
-        e.slot = slot;
-        slots[j] = e;
-      }
-      if (more && slot == child_slot && p.depth < depth_limit) {
-        Entry e = p;
-        e.score = p.score + static_cast<double>(lp[p.depth * k_max]);
-        set_level(e.path, p.depth, 1);
-        e.parent = node;
-        e.depth = p.depth + 1;
-        e.rank = 0;
-        e.slot = slot;
-        slots[j] = e;
-      }
-    }
+  if (threadIdx.x < 32) {
+    const int count = pop_loop(s, budget, k, depth_limit, k_max);
+    if (threadIdx.x == 0) *s.count = count;
   }
   __syncthreads();
+  const int count = *s.count;
+  const int64_t width = max_budget;
   const int64_t* ids = top_ids + request * table;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    const int depth = node_depth_rank[i] >> 16, rank = node_depth_rank[i] & 0xffff;
-    token_ids[request * width + i] = ids[(depth - 1) * k_max + rank];
+  for (int i = threadIdx.x; i < max_budget; i += blockDim.x) {
+    const bool real = i < count;
+    const int depth = real ? s.node_depth_rank[i] >> 16 : 0;
+    const int rank = real ? s.node_depth_rank[i] & 0xffff : 0;
+    token_ids[request * width + i] = real ? ids[(depth - 1) * k_max + rank] : kNoNode;
     depths[request * width + i] = depth;
-    ranks[request * width + i] = rank;
-    scores[request * width + i] = node_score[i + 1];
-    parents[request * (width + 1) + i + 1] = node_parent[i + 1];
+    ranks[request * width + i] = real ? rank : kNoNode;
+    scores[request * width + i] = real ? s.node_score[i + 1] : -INFINITY;
+  }
+  for (int i = threadIdx.x; i <= max_budget; i += blockDim.x) {
+    parents[request * (width + 1) + i] = (i >= 1 && i <= count) ? s.node_parent[i] : kNoNode;
   }
   if (threadIdx.x == 0) num_nodes[request] = count;
 }
 
-// The [L, K] table takes up to 64 KiB of dynamic shared memory: above the default 48 KiB, so opt in once per
-// device (before any graph capture, on the first call).
-void allow_log_prob_table(int device) {
+// Up to ~127 KiB of dynamic shared memory (budget 1024, a 16 x 1024 table): above the default 48 KiB, so opt
+// in once per device (before any graph capture, on the first call).
+void allow_tree_smem(int device) {
   static std::once_flag flags[64];
   std::call_once(flags[device % 64], [] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kMaxDepth * kMaxBudget * sizeof(float))));
+                                        static_cast<int>(tree_smem_bytes(kMaxBudget, int64_t{kMaxDepth} * kMaxBudget))));
   });
 }
 
@@ -220,11 +270,10 @@ std::vector<at::Tensor> build_tree_cuda(const at::Tensor& log_probs, const at::T
     const at::Tensor lp = log_probs.contiguous();
     const at::Tensor ids = top_ids.contiguous();
     const at::Tensor budget_long = budgets.to(at::kLong).contiguous();
-    // Slots 0 .. 2 * max_budget - 2 are ever written; each thread owns kSlotsPerThread of them.
-    const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, ((max_budget + 31) / 32) * 32)));
-    const size_t table_bytes = static_cast<size_t>(log_probs.size(1)) * log_probs.size(2) * sizeof(float);
-    allow_log_prob_table(log_probs.device().index());
-    build_tree_kernel<<<static_cast<unsigned>(batch), threads, table_bytes, c10::cuda::getCurrentCUDAStream()>>>(
+    const int64_t table = log_probs.size(1) * log_probs.size(2);
+    allow_tree_smem(log_probs.device().index());
+    build_tree_kernel<<<static_cast<unsigned>(batch), kTreeThreads,
+                        tree_smem_bytes(static_cast<int>(max_budget), table), c10::cuda::getCurrentCUDAStream()>>>(
         lp.data_ptr<float>(), ids.data_ptr<int64_t>(), budget_long.data_ptr<int64_t>(),
         static_cast<int>(log_probs.size(1)), static_cast<int>(log_probs.size(2)), static_cast<int>(max_budget),
         token_ids.data_ptr<int64_t>(), depths.data_ptr<int64_t>(), parents.data_ptr<int64_t>(),

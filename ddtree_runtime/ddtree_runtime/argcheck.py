@@ -50,7 +50,8 @@ def checker_for(launch_module: str) -> Callable[[Sequence[str]], dict[str, Any]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddtree_runtime.argcheck", description=__doc__.split("\n\n")[0])
+    summary = (__doc__ or "").split("\n\n", maxsplit=1)[0]
+    parser = argparse.ArgumentParser(prog="python -m ddtree_runtime.argcheck", description=summary)
     parser.add_argument("--launch-module", required=True, help="the module the unit runs with python -m")
     parser.add_argument("server_args", nargs=argparse.REMAINDER, help="the server's arguments, after --")
     options = parser.parse_args(argv)

@@ -128,13 +128,13 @@ def check_sglang_plugin(required: bool) -> Check | None:
         if required:
             return Check("sglang_plugin", False, "SGLang is not installed in this environment")
         return None
-    try:
-        from importlib.metadata import version  # noqa: PLC0415
+    from importlib.metadata import version  # noqa: PLC0415
 
+    from ddtree_runtime.sglang import registration_error  # noqa: PLC0415
+
+    try:
         from sglang.srt.plugins import load_plugins  # noqa: PLC0415
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: PLC0415
-
-        from ddtree_runtime.sglang import registration_error  # noqa: PLC0415
 
         load_plugins()
         algorithm = SpeculativeAlgorithm.from_string("DDTREE")

@@ -200,7 +200,7 @@ class DraftTree:
     @cached_property
     def child_maps(self) -> list[dict[int, int]]:
         """``child_maps[i][token] = child node index``; keys are distinct because siblings are."""
-        maps: list[dict[int, int]] = [{} for _ in range(self.num_nodes + 1)]
+        maps: list[dict[int, int]] = [{} for _unused in range(self.num_nodes + 1)]
         for node, (parent, token) in enumerate(zip(self.parents[1:].tolist(), self.token_ids.tolist(), strict=True)):
             maps[parent][token] = node + 1
         return maps

@@ -126,8 +126,8 @@ def kv_compaction_indices(start: int, accepted: list[int]) -> tuple[torch.Tensor
     After the copy the cache is cropped to ``start + len(accepted)``.
     """
     moving = [(start + node, start + j) for j, node in enumerate(accepted) if node != j]
-    src = torch.tensor([s for s, _ in moving], dtype=torch.long)
-    dst = torch.tensor([d for _, d in moving], dtype=torch.long)
+    src = torch.tensor([s for s, _unused in moving], dtype=torch.long)
+    dst = torch.tensor([d for _unused, d in moving], dtype=torch.long)
     return src, dst
 
 

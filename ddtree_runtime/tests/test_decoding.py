@@ -47,7 +47,7 @@ class NoisyOracleDrafter:
         cache = self.target.new_cache()
         logits = self.target(ids, torch.arange(len(ids)), cache, last_logits_only=True).logits
         truth = []
-        for _ in range(self.block_size - 1):
+        for _unused in range(self.block_size - 1):
             token = int(torch.argmax(logits[-1]))
             truth.append(token)
             logits = self.target(torch.tensor([token]), torch.tensor([cache.length]), cache).logits
@@ -194,7 +194,7 @@ FALSE_FAILURE = 1e-6
 def exact_sequence_distribution(decoder: SpeculativeDecoder, temperature: float) -> dict[tuple[int, ...], float]:
     """P(first SAMPLE_TOKENS tokens) under autoregressive sampling, by enumerating every sequence."""
     probs: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(SAMPLE_TOKENS):
+    for _unused in range(SAMPLE_TOKENS):
         grown = {}
         for prefix, p in probs.items():
             ids = torch.tensor(SAMPLE_PROMPT + list(prefix))
@@ -265,7 +265,7 @@ def test_distribution_check_rejects_a_wrong_distribution(sampling_setup):
 
 
 def test_sampled_trees_accept_more_than_one_token_per_round(sampling_setup):
-    decoder, _ = sampling_setup
+    decoder, _unused = sampling_setup
     lengths = []
     for seed in range(30):
         params = SamplingParams(temperature=1.0, max_new_tokens=SAMPLE_TOKENS, seed=seed)

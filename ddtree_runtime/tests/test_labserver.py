@@ -169,7 +169,7 @@ def wait_healthy(running: Running, timeout: float = 60) -> list[int]:
     codes = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        code, _ = request(running.url("/health"), key=None)
+        code, _unused = request(running.url("/health"), key=None)
         codes.append(code)
         if code == 200:
             return codes
@@ -242,7 +242,7 @@ def test_greedy_chat_completions_are_deterministic(ddtree_server):
     wait_healthy(ddtree_server)
     body = {"model": "NAME", "messages": [{"role": "user", "content": "Say hi"}], "temperature": 0, "max_tokens": 24}
     replies = []
-    for _ in range(2):
+    for _unused in range(2):
         code, raw = request(ddtree_server.url("/v1/chat/completions"), body)
         assert code == 200
         replies.append(json.loads(raw))

@@ -68,7 +68,7 @@ def test_qwen3_save_load_round_trip_and_tied_embeddings(tmp_path):
     model = random_qwen3(config, 1)
     save_qwen3(model, tmp_path / "a")
     loaded = load_qwen3(tmp_path / "a")
-    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+    for (name, a), (_unused, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     raw = json.loads((tmp_path / "a" / "config.json").read_text())
     raw["tie_word_embeddings"] = True

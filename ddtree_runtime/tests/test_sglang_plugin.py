@@ -111,7 +111,7 @@ def _trees(seed: int = 0, budgets: tuple[int, ...] = (9, 5, 0)) -> tuple[torch.T
 
 
 def test_verify_tensors_have_sglang_full_mask_layout() -> None:
-    _, trees = _trees()
+    _unused, trees = _trees()
     roots = torch.tensor([7, 8, 9])
     seq_lens = torch.tensor([5, 3, 11])
     width = 12
@@ -138,7 +138,7 @@ def test_verify_tensors_have_sglang_full_mask_layout() -> None:
 
 
 def test_padding_to_a_narrower_width_is_refused() -> None:
-    _, trees = _trees()
+    _unused, trees = _trees()
     with pytest.raises(ValueError, match="cannot pad"):
         tree_verify_tensors(trees, torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1]), width=trees.width - 1)
 
@@ -147,7 +147,7 @@ def _sglang_style_accept(
     tensors: object, target_predict: torch.Tensor, steps: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What verify_tree_greedy returns (flat rows), from ddtree_runtime's reference walk."""
-    accept_local, num_accepted, _ = follow_greedy_batch(
+    accept_local, num_accepted, _unused = follow_greedy_batch(
         tensors.candidates, tensors.retrieve_next_token, tensors.retrieve_next_sibling, target_predict, steps - 1)
     width = tensors.width
     base = torch.arange(accept_local.shape[0])[:, None] * width
@@ -157,7 +157,7 @@ def _sglang_style_accept(
 
 
 def test_accepted_paths_commit_the_walk_in_order() -> None:
-    _, trees = _trees(seed=3)
+    _unused, trees = _trees(seed=3)
     roots = torch.tensor([4, 5, 6])
     tensors = tree_verify_tensors(trees, roots, torch.tensor([2, 2, 2]), width=10)
     generator = torch.Generator().manual_seed(1)

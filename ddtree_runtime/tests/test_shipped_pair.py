@@ -113,7 +113,7 @@ def served_accept_length(tmp_path: Path, drafter: Path) -> float:
         assert port, "".join(log)
         base = f"http://127.0.0.1:{port.group(1)}"
         body = {"messages": [{"role": "user", "content": SMOKE_REQUEST}], "temperature": 0, "max_tokens": 48}
-        answers = [post(base + "/v1/chat/completions", body)["choices"][0]["message"]["content"] for _ in range(2)]
+        answers = [post(base + "/v1/chat/completions", body)["choices"][0]["message"]["content"] for _i in range(2)]
         assert answers[0] and answers[0] == answers[1]
         with urllib.request.urlopen(base + "/server_info", timeout=30) as response:
             info = json.loads(response.read())

@@ -88,7 +88,7 @@ def test_drafter_block_forward_matches_the_reference_draft_call(pair):
     rope = RopeTable(target.rotary.inv_freq, 64, "cpu")
     anchors = torch.tensor([[1, 17, 24], [9, 3, 22]])
     with torch.no_grad():
-        _, features = target_forward(target, ids, rope, capture_layers=layers)
+        _unused, features = target_forward(target, ids, rope, capture_layers=layers)
         logits = drafter_block_logits(drafter, target, features, ids, anchors, rope=rope)
     assert logits.shape == (2, 3, drafter.config.block_size - 1, target.config.vocab_size)
     reference = SpeculativeDecoder(target, make_decoder(seed=3).drafter).drafter
@@ -111,7 +111,7 @@ def test_block_visibility_hides_later_context_and_other_blocks():
 
 
 def test_cached_greedy_generation_equals_reference_ar(pair):
-    target, _ = pair
+    target, _unused = pair
     prompts = torch.randint(0, 31, (3, 7), generator=torch.Generator().manual_seed(2))
     out = greedy_continue(target, prompts, 10, RopeTable(target.rotary.inv_freq, 32, "cpu"), torch.float64)
     decoder = SpeculativeDecoder(target)

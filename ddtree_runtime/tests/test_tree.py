@@ -65,7 +65,7 @@ def assert_valid_tree(tree: DraftTree, logits: torch.Tensor, budget: int, max_to
     assert torch.equal(tree.visibility.sum(dim=1), torch.tensor(depths) + 1)
     if n == 0:
         return
-    _, ids = depth_log_probs(logits, k)
+    _unused, ids = depth_log_probs(logits, k)
     for i in range(1, n + 1):
         assert tree.token_ids[i - 1].item() == ids[depths[i] - 1, tree.ranks[i - 1]].item()
     assert len({prefix_tokens(tree, i) for i in range(1, n + 1)}) == n

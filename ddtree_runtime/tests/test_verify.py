@@ -128,8 +128,8 @@ def test_sampling_params_validation():
 def test_sampling_is_reproducible_per_seed_and_respects_top_k_top_p():
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])
     params = SamplingParams(temperature=1.0, seed=7)
-    first = [int(sample_tokens(logits, params, g)) for g in [params.make_generator()] for _ in range(20)]
-    second = [int(sample_tokens(logits, params, g)) for g in [params.make_generator()] for _ in range(20)]
+    first = [int(sample_tokens(logits, params, g)) for g in [params.make_generator()] for _unused in range(20)]
+    second = [int(sample_tokens(logits, params, g)) for g in [params.make_generator()] for _unused in range(20)]
     assert first == second
     top_k = sampling_probs(logits, SamplingParams(temperature=1.0, top_k=2))
     assert (top_k[0, 2:] == 0).all() and top_k[0, :2].sum().item() == pytest.approx(1.0)

@@ -31,7 +31,7 @@ def _loaded() -> Any:
     return SpeculativeAlgorithm
 
 
-def cmd_plugins(_: list[str]) -> dict[str, Any]:
+def cmd_plugins(_unused: list[str]) -> dict[str, Any]:
     found = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
     algorithm_class = _loaded()
     try:
@@ -91,7 +91,7 @@ def cmd_resolve_spec(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def cmd_hooks(_: list[str]) -> dict[str, Any]:
+def cmd_hooks(_unused: list[str]) -> dict[str, Any]:
     import pkgutil
 
     _loaded()

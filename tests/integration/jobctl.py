@@ -52,7 +52,7 @@ def job_of(pid: int) -> str | None:
     except OSError:
         return None
     for entry in environ.split(b"\0"):
-        name, _, value = entry.partition(b"=")
+        name, _unused, value = entry.partition(b"=")
         if name == MARKER_VARIABLE:
             return value.decode()
     return None

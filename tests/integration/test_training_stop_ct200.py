@@ -264,7 +264,7 @@ def test_orphan_holding_gpu_memory_makes_the_release_check_fail(start_job: Start
     # The trainer crashes (OOM killer); run.sh ends with it; its dataloader worker lives on under PID 1.
     assert labctl.pct_exec(["kill", "-KILL", str(trainer["pid"])]).rc == 0
     left = job.processes()
-    for _ in range(50):
+    for _unused in range(50):
         if len(left) == 1:
             break
         left = job.processes()

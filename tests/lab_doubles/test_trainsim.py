@@ -205,7 +205,7 @@ def test_a_step_already_saved_is_not_saved_twice(trainsim):
 def test_sigterm_exit_stops_promptly_without_saving_and_releases_memory(trainsim):
     trainer = trainsim.start("--on-sigterm", "exit", "--gpus", "0,1")
     trainsim.wait_for_step(2)
-    assert {(pid, mib) for pid, mib, _ in compute_apps(trainsim)} == {(trainer.pid, 1000)}
+    assert {(pid, mib) for pid, mib, _unused in compute_apps(trainsim)} == {(trainer.pid, 1000)}
     sent = time.monotonic()
     trainer.send_signal(signal.SIGTERM)
     assert trainer.wait(timeout=5) == 0
@@ -315,7 +315,7 @@ def test_orphan_worker_keeps_gpu_memory_after_the_trainer_exits(trainsim, proces
     worker = int(line.rsplit(" ", 1)[1])
     processes.track(worker)
     assert proc_ppid(worker) == trainer.pid
-    wait_for(lambda: any(pid == worker for pid, _, _ in compute_apps(trainsim)), what="worker registration")
+    wait_for(lambda: any(pid == worker for pid, _unused, _unused in compute_apps(trainsim)), what="worker registration")
     with open(f"/proc/{worker}/comm") as comm:
         assert comm.read().strip() == "pt_data_worker"
     assert proc_cmdline(worker) == proc_cmdline(trainer.pid)  # forked, not exec'd

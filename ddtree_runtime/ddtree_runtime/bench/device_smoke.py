@@ -122,7 +122,7 @@ def time_tree_build(device: torch.device, rounds: int) -> None:
     print("|---|---|---|")
     for budget in (16, 32, 64, 128, 256, 512, 1024):
         samples = []
-        for _ in range(rounds):
+        for _unused in range(rounds):
             logits = torch.randn(15, 151936, generator=generator)
             logits[:, 7] += 14.0
             logits = logits.to(device)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     inputs = []
-    for _ in range(args.rounds):
+    for _unused in range(args.rounds):
         logits = torch.randn(args.depth, args.vocab, generator=generator) * args.scale
         favourite = torch.randint(0, args.vocab, (args.depth, 1), generator=generator)
         inputs.append(logits.scatter_add(1, favourite, torch.full((args.depth, 1), args.peak)))

@@ -78,7 +78,8 @@ def _positive_env_int(env: dict[str, str] | os._Environ[str], name: str, minimum
     return value
 
 
-def tree_knobs_from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> TreeKnobs:
+def tree_knobs_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> TreeKnobs:
+    env = os.environ if env is None else env
     return TreeKnobs(budget=_positive_env_int(env, "DDTREE_BUDGET", 0), topk=_positive_env_int(env, "DDTREE_TOPK", 1))
 
 

@@ -18,8 +18,8 @@ class KVCache:
         self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"
     ) -> None:
         self.num_layers = num_layers
-        self.keys = [torch.zeros(kv_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(kv_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys = [torch.zeros(kv_heads, 0, head_dim, dtype=dtype, device=device) for _unused in range(num_layers)]
+        self.values = [torch.zeros(kv_heads, 0, head_dim, dtype=dtype, device=device) for _unused in range(num_layers)]
         self.length = 0
 
     @property

@@ -53,7 +53,6 @@ class Drafter(Protocol):
         ``context_ids`` are the committed tokens before ``bonus`` (``len(context_ids)`` is bonus's position);
         ``features`` are the target features of the committed tokens not yet passed to this drafter.
         """
-        ...
 
 
 class DFlashDrafter:

@@ -157,7 +157,7 @@ class Qwen3Inner(nn.Module):
     def __init__(self, config: Qwen3Config) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3Layer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(Qwen3Layer(config) for _unused in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 

@@ -101,7 +101,7 @@ def check_no_builtin(builtin_names: Iterable[str]) -> None:
 
 
 def _resolves(dotted: str) -> bool:
-    module_path, _, attribute = dotted.rpartition(".")
+    module_path, _unused, attribute = dotted.rpartition(".")
     try:
         owner = pkgutil.resolve_name(module_path)
     except (ImportError, AttributeError, ValueError):

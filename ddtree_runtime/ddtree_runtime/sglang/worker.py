@@ -313,7 +313,7 @@ class DDTreeWorker(DFlashWorkerV2):
         seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         host = self._host_seq_lens(batch) + width
         batch.seq_lens_cpu, batch.seq_lens_sum = host, int(host.sum())
-        forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        forward_batch, _unused = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
         target_out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
@@ -380,4 +380,3 @@ class DDTreeWorker(DFlashWorkerV2):
             model=self.target_worker.model_runner.model,
             req_pool_indices=batch.req_pool_indices[: last_nodes.shape[0]],
         )
-

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "random-drafter":
         write_random_drafter(args.like, args.out, args.seed)
     elif args.command == "held-out-prompts":
-        _, held_out = split_sources(list_sources(args.stdlib or stdlib_root()))
+        _unused, held_out = split_sources(list_sources(args.stdlib or stdlib_root()))
         records = held_out_prompts(held_out, args.count)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -193,7 +193,7 @@ def build_stream(files: Sequence[SourceFile], with_chat: bool = True, workers: i
 
     Parsing every file is the slow part, so it runs in ``workers`` processes (default: one per CPU).
     """
-    examples: Iterable[list[ChatExample]] = [[] for _ in files]
+    examples: Iterable[list[ChatExample]] = [[] for _unused in files]
     if with_chat:
         workers = workers or os.cpu_count() or 1
         if workers > 1 and len(files) > workers:

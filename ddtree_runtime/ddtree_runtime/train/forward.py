@@ -55,8 +55,8 @@ class BatchKV:
         shape = (batch, c.num_key_value_heads, capacity, c.head_dim)
         device = model.device
         return cls(
-            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_hidden_layers)],
-            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_hidden_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _unused in range(c.num_hidden_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _unused in range(c.num_hidden_layers)],
         )
 
 
@@ -128,14 +128,14 @@ def greedy_continue(
 ) -> torch.Tensor:
     """Greedy continuations ``[B, P + new_tokens]`` of equal-length prompts ``[B, P]`` (KV cached)."""
     cache = BatchKV.empty(model, prompts.shape[0], prompts.shape[1] + new_tokens, dtype)
-    logits, _ = target_forward(model, prompts, rope, cache=cache)
+    logits, _unused = target_forward(model, prompts, rope, cache=cache)
     assert logits is not None
     pieces = [prompts]
     token = logits[:, -1].argmax(-1, keepdim=True)
     for step in range(new_tokens):
         pieces.append(token)
         if step + 1 < new_tokens:
-            logits, _ = target_forward(model, token, rope, cache=cache)
+            logits, _unused = target_forward(model, token, rope, cache=cache)
             assert logits is not None
             token = logits[:, -1].argmax(-1, keepdim=True)
     return torch.cat(pieces, dim=1)

@@ -104,7 +104,7 @@ def _step(optimizer: torch.optim.Optimizer, model: torch.nn.Module, loss: torch.
 
 
 def lm_loss(model: Qwen3ForCausalLM, windows: torch.Tensor, rope: RopeTable) -> torch.Tensor:
-    logits, _ = target_forward(model, windows[:, :-1], rope)
+    logits, _unused = target_forward(model, windows[:, :-1], rope)
     assert logits is not None
     return F.cross_entropy(logits.float().flatten(0, 1), windows[:, 1:].flatten())
 
@@ -143,7 +143,7 @@ def mean_loss(model: Qwen3ForCausalLM, stream: TokenStream, seq_len: int, batche
     generator = torch.Generator().manual_seed(1234)
     rope = RopeTable(model.rotary.inv_freq, seq_len + 1, model.device)
     total = 0.0
-    for _ in range(batches):
+    for _unused in range(batches):
         windows = random_windows(stream, batch, seq_len + 1, generator).to(model.device)
         with autocast(model.device):
             total += lm_loss(model, windows, rope).item()
@@ -203,7 +203,7 @@ def drafter_batch(
     anchors = torch.randint(1, length - size + 1, (batch, settings.anchors_per_sequence), generator=generator)
     anchors = anchors.to(sequences.device)
     with torch.no_grad():
-        _, features = target_forward(
+        _unused, features = target_forward(
             target, sequences, rope, capture_layers=drafter.config.target_layer_ids, with_logits=False
         )
     assert features is not None

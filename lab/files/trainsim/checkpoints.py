@@ -74,7 +74,7 @@ def read_trainer_state(path: Path) -> dict:
 def safetensors_bytes(step: int) -> bytes:
     """A real safetensors file: u64 header length, JSON header, tensor data."""
     generator = random.Random(step)
-    data = array("f", (generator.gauss(0.0, 0.02) for _ in range(MODEL_FLOATS))).tobytes()
+    data = array("f", (generator.gauss(0.0, 0.02) for _unused in range(MODEL_FLOATS))).tobytes()
     header = {
         "__metadata__": {"format": "pt", "global_step": str(step)},
         "draft.lm_head.weight": {"dtype": "F32", "shape": [32, MODEL_FLOATS // 32], "data_offsets": [0, len(data)]},

@@ -94,7 +94,7 @@ def config_defaults(parser: argparse.ArgumentParser, path: str | None) -> dict:
 
 def parse_options(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
-    first_pass, _ = parser.parse_known_args(argv)
+    first_pass, _unused = parser.parse_known_args(argv)
     parser.set_defaults(**config_defaults(parser, first_pass.config))
     options = parser.parse_args(argv)
     if options.trigger_file is None:
@@ -105,7 +105,7 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
 def parse_gpu_list(spec: str) -> list[int]:
     indices: list[int] = []
     for part in spec.split(","):
-        low, _, high = part.partition("-")
+        low, _unused, high = part.partition("-")
         indices.extend(range(int(low), int(high or low) + 1))
     return indices
 

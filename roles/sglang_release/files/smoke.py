@@ -32,7 +32,7 @@ def ask(port: int, model: str, max_tokens: int, prompt: str) -> tuple[str, float
 def main(argv: list[str]) -> int:
     port, model, max_tokens, count, prompt = int(argv[0]), argv[1], int(argv[2]), int(argv[3]), argv[4]
     answers, latencies = [], []
-    for _ in range(count):
+    for _unused in range(count):
         try:
             answer, latency = ask(port, model, max_tokens, prompt)
         except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as error:
