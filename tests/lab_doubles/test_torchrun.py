@@ -183,7 +183,14 @@ def test_all_workers_finishing_ends_the_agent_with_status_zero(trainsim):
 
 def test_run_sh_in_torchrun_mode_keeps_the_real_process_tree(trainsim, processes):
     run = trainsim.start(command=["bash", str(TRAINSIM / "run.sh"), "--nproc-per-node", "2"])
-    agent = wait_for(lambda: children_of(run.pid) and children_of(run.pid)[0], what="agent")
+    def torchrun_child() -> int | None:
+        # bash forks, then execs ./torchrun through `env python`: wait until the exec chain has settled.
+        kids = children_of(run.pid)
+        if kids and proc_cmdline(kids[0])[1:2] and proc_cmdline(kids[0])[1].endswith("torchrun"):
+            return kids[0]
+        return None
+
+    agent = wait_for(torchrun_child, what="agent")
     processes.track(agent)
     workers = wait_for(lambda: len(children_of(agent)) == 2 and children_of(agent), what="workers")
     processes.track(*workers)
