@@ -183,6 +183,7 @@ def test_all_workers_finishing_ends_the_agent_with_status_zero(trainsim):
 
 def test_run_sh_in_torchrun_mode_keeps_the_real_process_tree(trainsim, processes):
     run = trainsim.start(command=["bash", str(TRAINSIM / "run.sh"), "--nproc-per-node", "2"])
+
     def torchrun_child() -> int | None:
         # bash forks, then execs ./torchrun through `env python`: wait until the exec chain has settled.
         kids = children_of(run.pid)
