@@ -120,6 +120,7 @@ case "$what" in
   controller) controller_venv ;;
   runtime) runtime_venv ;;
   sglang) sglang_venv ;;
+  lab) install_debian_packages; controller_venv; runtime_venv ;;
   all) install_debian_packages; controller_venv; runtime_venv; sglang_venv ;;
-  *) die "usage: lab/setup.sh [all|debian|controller|runtime|sglang]" ;;
+  *) die "usage: lab/setup.sh [all|lab|debian|controller|runtime|sglang]" ;;
 esac
