@@ -1,0 +1,75 @@
+"""Bad inputs stop pivot.yml in phase 0 (validation on the controller) or phase 1 (preflight on the hosts), with a
+message naming the input, while the training job keeps running and the baseline keeps serving, untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pivotlab
+import pytest
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
+
+PHASE0_CASES = {
+    # -e values arrive as strings, as a user types them.
+    "draft-length-0": (["pivot_ddtree_draft_tokens=0"],
+                       ["pivot_ddtree_draft_tokens must be an integer from 1 to 16", "got 0"]),
+    "draft-length-17": (["pivot_ddtree_draft_tokens=17"],
+                        ["pivot_ddtree_draft_tokens must be an integer from 1 to 16", "got 17"]),
+    "budget-0": (["pivot_ddtree_budget=0"], ["pivot_ddtree_budget (tree nodes per round) must be an integer >= 1",
+                                             "got 0"]),
+    "unknown-host": (["pivot_serving_hosts=nohost"],
+                     ["'nohost' matches []", "exactly one training host and one serving host"]),
+}
+
+
+@pytest.mark.parametrize("case", PHASE0_CASES, ids=list(PHASE0_CASES))
+def test_bad_input_fails_in_phase_0_and_touches_nothing(
+    case: str, training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    extra_vars, expected = PHASE0_CASES[case]
+    job = training()
+
+    run = pivotlab.run_playbook("pivot.yml", *extra_vars)
+
+    assert run.rc != 0, run.summary()
+    for fragment in expected:
+        assert fragment in run.message, run.summary()
+    # Phase 0 runs on the controller only: no host was contacted, no lock taken, no phase started, no report.
+    assert set(run.result["stats"]) == {"localhost"}, run.summary()
+    assert run.report is None
+    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
+    pivotlab.assert_training_untouched(job, after_training)
+    pivotlab.assert_serving_untouched(baseline, after_serving)
+    assert after_training.lock is None and after_serving.lock is None
+
+
+def test_missing_drafter_fails_in_preflight_and_touches_nothing(
+    training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    job = training()
+
+    run = pivotlab.run_playbook("pivot.yml", "pivot_serving_drafter_model=/root/models/nope")
+
+    assert run.rc != 0, run.summary()
+    assert "Preflight failed on pro6000, nothing was changed" in run.message, run.summary()
+    assert "cannot read /root/models/nope/config.json" in run.message, run.summary()
+    assert run.report is not None and run.report["status"] == "failed"
+    assert set(run.phase_names()) == {"preflight"}, "nothing after preflight may run"
+    failed = run.phase("preflight", "pro6000")
+    assert failed["status"] == "failed"
+    drafter_check = next(c for c in failed["findings"]["checks"] if c["name"] == "drafter_config")
+    assert drafter_check["ok"] is False and "/root/models/nope" in drafter_check["detail"]
+    # The training side's own checks passed: it found the job it would have stopped.
+    training_checks = {c["name"]: c for c in run.phase("preflight", "ct200")["findings"]["checks"]}
+    assert training_checks["training_job"]["ok"] is True, training_checks
+    assert "found the job" in training_checks["training_job"]["detail"]
+    assert all(run.changed(host) == 0 for host in ("ct200", "pro6000")), run.summary()
+
+    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
+    pivotlab.assert_training_untouched(job, after_training)
+    pivotlab.assert_serving_untouched(baseline, after_serving)
+    # The run's lock (bookkeeping in /run) stays behind naming its dead ansible-playbook: the next run from this
+    # controller takes it over (test_pivot_lock.py).
+    for lock in (after_training.lock, after_serving.lock):
+        assert lock is not None and lock["run_id"] == run.run_id

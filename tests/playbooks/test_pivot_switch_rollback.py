@@ -1,0 +1,73 @@
+"""A new release that fails after the old server was stopped is rolled back automatically: the NEXTN baseline serves
+again (EAGLE, healthy), the play fails saying what failed and that the baseline is back, and the report says so."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import labctl
+import pivotlab
+import pytest
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
+
+DRAFTER = "/root/models/Qwen3.6-27B-DFlash"
+BROKEN_DRAFTER = "/root/models/Qwen3.6-27B-DFlash-broken"
+HEALTH_TIMEOUT_S = 20
+ROLLED_BACK = "Rolled back: nextn-baseline is serving again (EAGLE, healthy)."
+
+
+@pytest.fixture(scope="module")
+def broken_drafter(lab_up: None) -> Iterator[str]:
+    """A drafter whose config is sound (preflight passes) but whose weights were cut short, like a copy that was
+    interrupted: the server fails while loading it."""
+    weights = f"{BROKEN_DRAFTER}/model.safetensors"
+    made = labctl.ssh("pro6000", f"cp -a {DRAFTER} {BROKEN_DRAFTER} && truncate -s 4096 {weights}")
+    assert made.rc == 0, made.stderr
+    try:
+        yield BROKEN_DRAFTER
+    finally:
+        labctl.ssh("pro6000", f"rm -rf {BROKEN_DRAFTER}")
+
+
+def assert_rolled_back(run: pivotlab.PlaybookRun, before: pivotlab.Serving, release: str) -> pivotlab.Serving:
+    """The play failed naming the release, the baseline serves again, and the report records the failed switch."""
+    assert run.rc != 0, run.summary()
+    assert f"The switch to {release} failed:" in run.message and ROLLED_BACK in run.message, run.summary()
+    assert run.report is not None and run.report["status"] == "failed"
+    switch = run.phase("switch_service", "pro6000")
+    assert switch["status"] == "failed" and ROLLED_BACK in " ".join(switch["error"].split())
+    assert switch["findings"]["release"] == release and switch["findings"]["rolled_back_to"] == "nextn-baseline"
+    after = pivotlab.serving_state()
+    assert after.current == pivotlab.BASELINE and after.active and after.algorithm == "EAGLE", after
+    assert after.unit["MainPID"] != before.unit["MainPID"], "the baseline was restarted after the failed release"
+    assert f"/etc/sglang/releases/{release}/sglang.service" in after.files, "the failed release stays on disk"
+    assert after.lock is None
+    return after
+
+
+def test_release_that_never_becomes_healthy_is_rolled_back(
+    broken_drafter: str, no_training: pivotlab.Training, baseline: pivotlab.Serving
+) -> None:
+    run = pivotlab.run_playbook("pivot.yml", f"pivot_serving_drafter_model={broken_drafter}",
+                                "pivot_ddtree_draft_tokens=8", f"pivot_serving_health_timeout={HEALTH_TIMEOUT_S}")
+
+    assert_rolled_back(run, baseline, "ddtree-d8-b64-k8")
+    failure = " ".join(run.phase("switch_service")["findings"]["failure"].split())
+    assert f"sglang.service did not become healthy within {HEALTH_TIMEOUT_S} s" in failure, failure
+    assert "Its log ends:" in failure and "loading failed" in failure, failure
+    # The earlier phases ran (the preflight does not read weights), and nothing on the training side changed.
+    assert run.phase_names()[-3:] == ["training_gpu_release", "install_ddtree_runtime", "switch_service"]
+    pivotlab.assert_training_untouched(no_training, pivotlab.training_state())
+
+
+def test_acceptance_below_the_gate_is_rolled_back(no_training: pivotlab.Training, baseline: pivotlab.Serving) -> None:
+    run = pivotlab.run_playbook("pivot.yml", "pivot_ddtree_min_accept_length=50")
+
+    assert_rolled_back(run, baseline, "ddtree-d16-b64-k8")
+    failure = " ".join(run.phase("switch_service")["findings"]["failure"].split())
+    assert re.match(r"Acceptance length [0-9.]+ is below the gate 50(\.0)? ", failure), failure
+    measured = float(failure.split()[2])
+    assert 1.0 <= measured < 50, "the gate compared a real acceptance length"
+    pivotlab.assert_training_untouched(no_training, pivotlab.training_state())
