@@ -1,10 +1,16 @@
-// Fused per-depth top-K and log-normaliser over drafter logits: one block per [L] row, one read of the row for
-// logsumexp + the first radix digit, then radix-select refinement passes (served from L2), a collect pass and
-// a shared-memory bitonic sort by (logit desc, token id asc).
+// Fused per-depth top-K and log-normaliser over drafter logits. One read of each row computes the logsumexp
+// and the histogram of the top radix digit; radix-select refinement passes (served from L2) narrow the K-th
+// largest key; a collect pass and a shared-memory bitonic sort by (logit desc, token id asc) finish.
+//
+// Histograms are kept per lane (bin * 32 + lane), so the shared-memory atomics of a warp never collide. When
+// there are fewer rows than SMs, each row's first pass is split over several blocks: they add their digit
+// histograms and logsumexp partials into global scratch, and the last block to finish carries on with the
+// whole row.
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -12,10 +18,15 @@
 namespace ddtree {
 namespace {
 
-constexpr int kDigitBits = 11;
+constexpr int kDigitBits = 8;
 constexpr int kBins = 1 << kDigitBits;
+constexpr int kLanes = 32;
 constexpr int kTieCapacity = 2048;
 constexpr int kMaxWarps = 32;
+constexpr int kMaxSplits = 16;
+constexpr int kMinSplitLength = 4096;
+// Global scratch per row when rows are split: the digit histogram, an arrival counter and the bad-value flag.
+constexpr int kScratchWords = kBins + 2;
 
 // Number of leading bits of the float32 key that can differ between values of the input dtype; below them
 // all values of one sign share the same bits, so radix passes stop there.
@@ -65,7 +76,7 @@ __device__ __forceinline__ LogSumExp combine(LogSumExp a, LogSumExp b) {
   return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
 }
 
-__device__ float block_logsumexp(LogSumExp mine, LogSumExp* scratch) {
+__device__ LogSumExp block_logsumexp(LogSumExp mine, LogSumExp* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int offset = 16; offset > 0; offset >>= 1) {
     LogSumExp other{__shfl_down_sync(0xffffffffu, mine.max, offset), __shfl_down_sync(0xffffffffu, mine.sum, offset)};
@@ -75,7 +86,25 @@ __device__ float block_logsumexp(LogSumExp mine, LogSumExp* scratch) {
   __syncthreads();
   LogSumExp total = scratch[0];
   for (int w = 1; w < warps; ++w) total = combine(total, scratch[w]);
+  return total;
+}
+
+__device__ __forceinline__ float log_normaliser(LogSumExp total) {
   return total.max == -INFINITY ? -INFINITY : total.max + logf(total.sum);
+}
+
+// Sums the per-lane copies of bins [0, bins) into `total`; each warp reads 32 different banks per step.
+__device__ void merge_lane_histograms(const uint32_t* copies, int bins, uint32_t* total) {
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+    uint32_t sum = 0;
+#pragma unroll 8
+    for (int j = 0; j < kLanes; ++j) sum += copies[b * kLanes + ((j + b) & (kLanes - 1))];
+    total[b] = sum;
+  }
+}
+
+__device__ void zero_words(uint32_t* words, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) words[i] = 0;
 }
 
 struct BinChoice {
@@ -144,32 +173,46 @@ __device__ __forceinline__ int next_pow2(int n) {
   return p;
 }
 
+// One row (or, with splits > 1, one split of a row's first pass) per block.
 template <typename scalar_t>
-__global__ void __launch_bounds__(1024) topk_log_probs_kernel(const scalar_t* __restrict__ logits, int64_t vocab, int k,
+__global__ void __launch_bounds__(1024, 1) topk_log_probs_kernel(const scalar_t* __restrict__ logits, int64_t vocab, int k,
+                                                              int splits, uint32_t* __restrict__ scratch,
+                                                              float* __restrict__ partials,
                                                               float* __restrict__ out_log_probs,
                                                               int64_t* __restrict__ out_ids,
                                                               bool* __restrict__ out_invalid) {
   constexpr int kLowestBit = 32 - KeyBits<scalar_t>::value;
-  __shared__ uint32_t hist[kBins];
-  __shared__ uint64_t selected[kMaxBudget];
-  __shared__ uint32_t ties[kTieCapacity];
+  // Per-lane histograms while radix selecting; afterwards the same memory holds the selected keys and ties.
+  __shared__ uint64_t arena[kBins * kLanes / 2];
+  static_assert(sizeof(arena) >= kMaxBudget * sizeof(uint64_t) + kTieCapacity * sizeof(uint32_t), "arena too small");
+  uint32_t* const hist = reinterpret_cast<uint32_t*>(arena);
+  uint64_t* const selected = arena;
+  uint32_t* const ties = reinterpret_cast<uint32_t*>(arena + kMaxBudget);
+  __shared__ uint32_t hist_total[kBins];
   __shared__ LogSumExp lse_scratch[kMaxWarps];
   __shared__ BinChoice choice;
   __shared__ int selected_count, tie_count, warp_totals[kMaxWarps];
+  __shared__ bool last_block, row_bad;
+  __shared__ LogSumExp row_total;
 
-  const int64_t row_index = blockIdx.x;
+  const int lane_id = threadIdx.x & (kLanes - 1);
+  const int64_t row_index = blockIdx.x / splits;
+  const int split = blockIdx.x % splits;
   const scalar_t* row = logits + row_index * vocab;
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x) hist[i] = 0;
+  zero_words(hist, kBins * kLanes);
   if (threadIdx.x == 0) {
     selected_count = 0;
     tie_count = 0;
   }
   __syncthreads();
 
-  // Pass 1: logsumexp, NaN/+inf detection and the histogram of the top digit.
+  // Pass 1 (this block's part of the row): logsumexp, NaN/+inf detection and the histogram of the top digit.
+  const int64_t chunk = ((vocab + splits - 1) / splits + 7) / 8 * 8;  // multiples of 16 bytes keep loads aligned
+  const int64_t chunk_start = min(vocab, split * chunk);
+  const int64_t chunk_length = min(chunk, vocab - chunk_start);
   LogSumExp mine{-INFINITY, 0.f};
   bool bad = false;
-  for_each_in_row(row, vocab, [&](int64_t, float v) {
+  for_each_in_row(row + chunk_start, chunk_length, [&](int64_t, float v) {
     bad |= isnan(v) || v == INFINITY;
     if (v > mine.max) {
       mine.sum = mine.sum * expf(mine.max - v) + 1.f;
@@ -177,17 +220,52 @@ __global__ void __launch_bounds__(1024) topk_log_probs_kernel(const scalar_t* __
     } else if (v != -INFINITY) {
       mine.sum += expf(v - mine.max);
     }
-    atomicAdd(&hist[float_to_key(v) >> (32 - kDigitBits)], 1u);
+    atomicAdd(&hist[(float_to_key(v) >> (32 - kDigitBits)) * kLanes + lane_id], 1u);
   });
   bad = __syncthreads_or(bad);
-  const float log_z = block_logsumexp(mine, lse_scratch);
+  LogSumExp total = block_logsumexp(mine, lse_scratch);
+  merge_lane_histograms(hist, kBins, hist_total);
+  __syncthreads();
+
+  if (splits > 1) {
+    uint32_t* row_scratch = scratch + row_index * kScratchWords;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+      if (hist_total[b] != 0) atomicAdd(&row_scratch[b], hist_total[b]);
+    }
+    if (threadIdx.x == 0) {
+      partials[(row_index * splits + split) * 2] = total.max;
+      partials[(row_index * splits + split) * 2 + 1] = total.sum;
+      if (bad) atomicOr(&row_scratch[kBins + 1], 1u);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(&row_scratch[kBins], 1u) == static_cast<uint32_t>(splits - 1);
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) hist_total[b] = __ldcg(&row_scratch[b]);
+    if (threadIdx.x == 0) {
+      LogSumExp all{-INFINITY, 0.f};
+      for (int s = 0; s < splits; ++s) {
+        all = combine(all, LogSumExp{__ldcg(&partials[(row_index * splits + s) * 2]),
+                                     __ldcg(&partials[(row_index * splits + s) * 2 + 1])});
+      }
+      row_total = all;
+      row_bad = __ldcg(&row_scratch[kBins + 1]) != 0;
+    }
+    __syncthreads();
+    total = row_total;
+    bad = row_bad;
+  }
+  const float log_z = log_normaliser(total);
 
   // Radix select of the k-th largest key: `prefix` under `mask` is the part of it resolved so far.
   uint32_t prefix = 0, mask = 0;
   int needed = k, shift = 32 - kDigitBits, width = kDigitBits;
   bool take_all = false;
   while (true) {
-    if (threadIdx.x < 32) choose_bin(hist, 1 << width, needed, &choice);
+    __syncthreads();  // hist_total complete
+    if (threadIdx.x < 32) choose_bin(hist_total, 1 << width, needed, &choice);
     __syncthreads();
     const BinChoice c = choice;
     needed -= c.above;
@@ -201,14 +279,15 @@ __global__ void __launch_bounds__(1024) topk_log_probs_kernel(const scalar_t* __
     const int next_shift = max(shift - kDigitBits, kLowestBit);
     width = shift - next_shift;
     shift = next_shift;
-    for (int i = threadIdx.x; i < kBins; i += blockDim.x) hist[i] = 0;
+    zero_words(hist, kBins * kLanes);
     __syncthreads();
     const uint32_t digit_mask = (1u << width) - 1u;
     for_each_in_row(row, vocab, [&](int64_t, float v) {
       const uint32_t key = float_to_key(v);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & digit_mask], 1u);
+      if ((key & mask) == prefix) atomicAdd(&hist[((key >> shift) & digit_mask) * kLanes + lane_id], 1u);
     });
     __syncthreads();
+    merge_lane_histograms(hist, 1 << width, hist_total);
   }
   const int tie_total = choice.count;
   const bool buffer_ties = !take_all && tie_total <= kTieCapacity;
@@ -288,13 +367,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_log_probs_cuda(const at::Ten
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, logits.device().index()));
     const int threads = rows >= sms ? 512 : 1024;
+    // Fewer rows than SMs: split each row's first pass so that about one block per SM works.
+    const int64_t by_sms = rows >= sms ? 1 : sms / rows;
+    const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({by_sms, kMaxSplits, vocab / kMinSplitLength})));
+    at::Tensor scratch, partials;
+    if (splits > 1) {
+      scratch = at::zeros({rows * kScratchWords}, logits.options().dtype(at::kInt));
+      partials = at::empty({rows * splits * 2}, float_options);
+    }
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, contiguous.scalar_type(), "ddtree_topk_log_probs", [&] {
       TORCH_CHECK(contiguous.scalar_type() != at::kDouble, "float64 logits are not supported");
       if constexpr (!std::is_same_v<scalar_t, double>) {
-        topk_log_probs_kernel<scalar_t><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-            contiguous.data_ptr<scalar_t>(), vocab, static_cast<int>(k), log_probs.data_ptr<float>(),
-            ids.data_ptr<int64_t>(), invalid_rows.data_ptr<bool>());
+        topk_log_probs_kernel<scalar_t><<<static_cast<unsigned>(rows * splits), threads, 0, stream>>>(
+            contiguous.data_ptr<scalar_t>(), vocab, static_cast<int>(k), splits,
+            splits > 1 ? reinterpret_cast<uint32_t*>(scratch.data_ptr<int32_t>()) : nullptr,
+            splits > 1 ? partials.data_ptr<float>() : nullptr, log_probs.data_ptr<float>(), ids.data_ptr<int64_t>(),
+            invalid_rows.data_ptr<bool>());
       }
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();

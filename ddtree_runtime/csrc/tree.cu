@@ -70,7 +70,7 @@ struct TreeSmem {
   int* node_depth_rank;  // [max_budget], depth << 16 | rank of node i + 1
   uint32_t* slot_entry;  // [max_budget + 1]
   float* lp;             // [L * K]
-  int* count;            // [1]
+  int* count;            // [1], after the table
 };
 
 __host__ __device__ inline size_t tree_smem_bytes(int max_budget, int64_t table) {
@@ -80,7 +80,7 @@ __host__ __device__ inline size_t tree_smem_bytes(int max_budget, int64_t table)
          static_cast<size_t>(table) * sizeof(float) + sizeof(int);
 }
 
-__device__ TreeSmem carve(unsigned char* base, int max_budget) {
+__device__ TreeSmem carve(unsigned char* base, int max_budget, int64_t table) {
   const size_t nodes = static_cast<size_t>(max_budget) + 1;
   TreeSmem s;
   s.node_score = reinterpret_cast<double*>(base);
@@ -90,7 +90,7 @@ __device__ TreeSmem carve(unsigned char* base, int max_budget) {
   s.node_depth_rank = s.node_parent + nodes;
   s.slot_entry = reinterpret_cast<uint32_t*>(s.node_depth_rank + nodes);
   s.lp = reinterpret_cast<float*>(s.slot_entry + nodes);
-  s.count = reinterpret_cast<int*>(s.lp);  // placed after the table by the caller's offset below
+  s.count = reinterpret_cast<int*>(s.lp + table);
   return s;
 }
 
@@ -145,17 +145,12 @@ __device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, i
     const double score = key_score(top);
     const int node = step + 1;
     count = node;
-    if (lane == 0) {
-      s.node_score[node] = score;
-      s.node_parent[node] = parent;
-      s.node_depth_rank[step] = (depth << 16) | rank;
-    }
-    if (lane < kPathWords) {
-      s.node_path[node * kPathWords + lane] = s.node_path[parent * kPathWords + lane] | level_bits(lane, depth - 1, rank + 1);
-    }
     const bool more = node < budget;  // pushes of the last pop could never be popped
     const bool has_sibling = more && rank + 1 < k;
     const bool has_child = more && depth < depth_limit;
+    // Every read of this pop happens before the __syncwarp below, every write after it.
+    const uint64_t path_word =
+        lane < kPathWords ? s.node_path[parent * kPathWords + lane] | level_bits(lane, depth - 1, rank + 1) : 0;
     uint64_t first_key = 0;
     uint32_t first_entry = 0;
     uint64_t child_key = 0;
@@ -168,6 +163,13 @@ __device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, i
       first_key = child_key;
       first_entry = pack_entry(node, depth + 1, 0);
     }
+    __syncwarp();
+    if (lane == 0) {
+      s.node_score[node] = score;
+      s.node_parent[node] = parent;
+      s.node_depth_rank[step] = (depth << 16) | rank;
+    }
+    if (lane < kPathWords) s.node_path[node * kPathWords + lane] = path_word;
     if (lane == winner) {
       s.slot_key[slot] = first_key;
       s.slot_entry[slot] = first_entry;
@@ -201,8 +203,7 @@ __global__ void __launch_bounds__(kTreeThreads) build_tree_kernel(
     int64_t* __restrict__ num_nodes) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t table = static_cast<int64_t>(depth_limit) * k_max;
-  TreeSmem s = carve(smem, max_budget);
-  s.count = reinterpret_cast<int*>(s.lp + table);
+  const TreeSmem s = carve(smem, max_budget, table);
 
   const int request = blockIdx.x;
   for (int64_t i = threadIdx.x; i < table; i += blockDim.x) s.lp[i] = log_probs[request * table + i];

@@ -42,11 +42,11 @@ __global__ void tree_links_kernel(const int64_t* __restrict__ token_ids, const i
 }
 
 // One block per (slot, request): the slot's ancestor-or-self row, dense and in the flat SGLang layout
-// (seq_len visible past columns followed by the N tree columns, request blocks concatenated).
+// (seq_len visible past columns followed by the N tree columns, request blocks concatenated; a request's block
+// starts after the N * (seq_len + N) elements of each earlier request).
 __global__ void tree_mask_kernel(const int64_t* __restrict__ parents, const int64_t* __restrict__ num_nodes,
-                                 const int64_t* __restrict__ seq_lens, const int64_t* __restrict__ mask_offsets,
-                                 int width, bool write_flat, bool* __restrict__ visibility,
-                                 bool* __restrict__ flat_mask) {
+                                 const int64_t* __restrict__ seq_lens, int width, bool write_flat,
+                                 bool* __restrict__ visibility, bool* __restrict__ flat_mask) {
   __shared__ int ancestors[kMaxDepth + 1];
   __shared__ int ancestor_count;
   const int row = blockIdx.x;
@@ -66,7 +66,12 @@ __global__ void tree_mask_kernel(const int64_t* __restrict__ parents, const int6
   const int count = ancestor_count;
   bool* dense_row = visibility + (request * width + row) * width;
   const int64_t seq_len = seq_lens[request];
-  bool* flat_row = write_flat ? flat_mask + mask_offsets[request] + row * (seq_len + width) : nullptr;
+  bool* flat_row = nullptr;
+  if (write_flat) {
+    int64_t offset = 0;
+    for (int64_t r = 0; r < request; ++r) offset += (seq_lens[r] + width) * width;
+    flat_row = flat_mask + offset + row * (seq_len + width);
+  }
   for (int col = threadIdx.x; col < width; col += blockDim.x) {
     bool visible = false;
     for (int a = 0; a < count; ++a) visible |= ancestors[a] == col;
@@ -147,9 +152,6 @@ std::vector<at::Tensor> tree_verify_inputs_cuda(const at::Tensor& token_ids, con
   TORCH_CHECK(mask_numel >= 0, "mask_numel must be >= 0");
   at::Tensor flat_mask = at::empty({mask_numel}, parents.options().dtype(at::kBool));
   if (batch == 0) return {input_ids, positions, visibility, flat_mask, retrieve_index, next_token, next_sibling};
-  // Exclusive prefix sums of the per-request block sizes width * (seq_len + width), on the device.
-  const at::Tensor block_sizes = (seq_l + width) * width;
-  const at::Tensor mask_offsets = (at::cumsum(block_sizes, 0) - block_sizes).contiguous();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   tree_links_kernel<<<static_cast<unsigned>(batch), 256, width * sizeof(int), stream>>>(
       tokens_l.data_ptr<int64_t>(), depths_l.data_ptr<int64_t>(), parents_l.data_ptr<int64_t>(),
@@ -161,8 +163,8 @@ std::vector<at::Tensor> tree_verify_inputs_cuda(const at::Tensor& token_ids, con
   const bool write_flat = mask_numel > 0;
   const dim3 grid(static_cast<unsigned>(width), static_cast<unsigned>(batch));
   tree_mask_kernel<<<grid, 128, 0, stream>>>(parents_l.data_ptr<int64_t>(), nodes_l.data_ptr<int64_t>(),
-                                             seq_l.data_ptr<int64_t>(), mask_offsets.data_ptr<int64_t>(),
-                                             static_cast<int>(width), write_flat, visibility.data_ptr<bool>(),
+                                             seq_l.data_ptr<int64_t>(), static_cast<int>(width), write_flat,
+                                             visibility.data_ptr<bool>(),
                                              write_flat ? flat_mask.data_ptr<bool>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {input_ids, positions, visibility, flat_mask, retrieve_index, next_token, next_sibling};

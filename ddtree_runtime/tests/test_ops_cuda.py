@@ -61,6 +61,26 @@ def test_topk_minus_inf_constant_rows_and_qwen_vocab(dtype):
         check_topk(logits, k)
 
 
+def test_topk_rows_split_over_blocks_at_batch_one():
+    # Few rows: each row's first pass is shared by several blocks (ties and -inf straddle their chunk borders).
+    generator = torch.Generator().manual_seed(12)
+    logits = torch.randn(1, 3, 151936, generator=generator) * 3
+    logits[0, 0, 9000:30000] = 7.0
+    logits[0, 1, :] = torch.round(logits[0, 1, :])
+    logits[0, 1, 100000:] = float("-inf")
+    logits[0, 2, ::7] += 20
+    for dtype in (torch.bfloat16, torch.float32):
+        for k in (1, 64, 1024):
+            check_topk(logits.to(dtype), k)
+
+
+def test_topk_flags_a_bad_value_in_any_part_of_a_split_row():
+    logits = torch.zeros(1, 2, 151936, device=CUDA, dtype=torch.bfloat16)
+    assert ops.topk_log_probs(logits, 8).invalid.tolist() == [False]
+    logits[0, 1, 151935] = float("nan")
+    assert ops.topk_log_probs(logits, 8).invalid.tolist() == [True]
+
+
 def test_topk_flags_nan_and_positive_infinity():
     logits = torch.zeros(3, 2, 500, device=CUDA)
     logits[1, 1, 10] = float("nan")
