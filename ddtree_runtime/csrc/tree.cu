@@ -104,6 +104,28 @@ __device__ __forceinline__ void consider_slot(int slot, const TreeSmem& s, uint6
   }
 }
 
+// A lane's best slot from scratch. The scan keeps the largest key, its first slot and whether another slot
+// ties it, with selects only, so the independent loads pipeline; exact ties then rescan by rank path.
+__device__ __forceinline__ void rescan_own_slots(int lane, int slot_count, const TreeSmem& s, uint64_t& best_key,
+                                                 int& best_slot) {
+  uint64_t top = 0;
+  int first = -1;
+  bool tie = false;
+#pragma unroll 4
+  for (int i = lane; i < slot_count; i += 32) {
+    const uint64_t key = s.slot_key[i];
+    tie = key == top ? true : (key > top ? false : tie);
+    first = key > top ? i : first;
+    top = key > top ? key : top;
+  }
+  best_key = top;
+  best_slot = top == 0 ? -1 : first;
+  if (top == 0 || !tie) return;
+  for (int i = first + 32; i < slot_count; i += 32) {
+    if (s.slot_key[i] == top && path_less(s.slot_entry[i], s.slot_entry[best_slot], s.node_path)) best_slot = i;
+  }
+}
+
 // Warp 0: the pops. Returns the number of nodes popped (same value in every lane).
 __device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, int k_max) {
   const int lane = threadIdx.x;
@@ -185,9 +207,7 @@ __device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, i
     }
     __syncwarp();
     if (lane == winner) {
-      best_key = 0;
-      best_slot = -1;
-      for (int i = lane; i < slot_count; i += 32) consider_slot(i, s, best_key, best_slot);
+      rescan_own_slots(lane, slot_count, s, best_key, best_slot);
     } else if (append && lane == (appended & 31)) {
       consider_slot(appended, s, best_key, best_slot);
     }
