@@ -424,13 +424,13 @@ def _register_fakes() -> None:
     """Shape functions so that torch.compile can trace through the operators."""
 
     @torch.library.register_fake("ddtree_runtime::topk_log_probs")
-    def _(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, depth, _ = logits.shape
+    def _unused(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, depth, _unused = logits.shape
         return (logits.new_empty(b, depth, k, dtype=torch.float32), logits.new_empty(b, depth, k, dtype=torch.long),
                 logits.new_empty(b, dtype=torch.bool))
 
     @torch.library.register_fake("ddtree_runtime::build_tree")
-    def _(log_probs: torch.Tensor, top_ids: torch.Tensor, budgets: torch.Tensor,
+    def _unused(log_probs: torch.Tensor, top_ids: torch.Tensor, budgets: torch.Tensor,
           max_budget: int) -> tuple[torch.Tensor, ...]:
         b = log_probs.shape[0]
         flat = log_probs.new_empty(b, max_budget, dtype=torch.long)
@@ -439,7 +439,7 @@ def _register_fakes() -> None:
                 log_probs.new_empty(b, dtype=torch.long))
 
     @torch.library.register_fake("ddtree_runtime::tree_verify_inputs")
-    def _(  # noqa: PLR0917 - the operator schema is positional
+    def _unused(  # noqa: PLR0917 - the operator schema is positional
         token_ids: torch.Tensor, depths: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
         root_tokens: torch.Tensor, seq_lens: torch.Tensor, mask_numel: int
     ) -> tuple[torch.Tensor, ...]:
@@ -449,7 +449,7 @@ def _register_fakes() -> None:
                 parents.new_empty(mask_numel, dtype=torch.bool), square.clone(), square.clone(), square.clone())
 
     @torch.library.register_fake("ddtree_runtime::greedy_accept")
-    def _(  # noqa: PLR0917 - the operator schema is positional
+    def _unused(  # noqa: PLR0917 - the operator schema is positional
         candidates: torch.Tensor, next_token: torch.Tensor, next_sibling: torch.Tensor,
         target_predict: torch.Tensor, starts: torch.Tensor, max_depth: int
     ) -> tuple[torch.Tensor, ...]:

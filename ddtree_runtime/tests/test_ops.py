@@ -84,9 +84,9 @@ def test_build_tree_fallback_pads_to_max_budget(cpu_fallback):
 
 def test_build_tree_with_zero_budget_or_capped_topk(cpu_fallback):
     logits = random_logits(2, 4, 30, seed=3)
-    _, empty = ops.build_tree(logits, [0, 0])
+    _unused, empty = ops.build_tree(logits, [0, 0])
     assert empty.token_ids.shape == (2, 0) and empty.num_nodes.tolist() == [0, 0]
-    _, chain = ops.build_tree(logits, [6, 3], max_topk=1)
+    _unused, chain = ops.build_tree(logits, [6, 3], max_topk=1)
     for b, budget in enumerate([6, 3]):
         expected = build_tree(logits[b], budget, max_topk=1)
         n = int(chain.num_nodes[b])
@@ -97,7 +97,7 @@ def test_build_tree_with_zero_budget_or_capped_topk(cpu_fallback):
 def test_verify_inputs_fallback_matches_per_tree_layout(cpu_fallback):
     logits = random_logits(3, 4, 40, seed=4)
     budgets = [9, 0, 12]
-    _, tree = ops.build_tree(logits, budgets)
+    _unused, tree = ops.build_tree(logits, budgets)
     roots = torch.tensor([5, 6, 7])
     seq_lens = torch.tensor([3, 0, 11])
     verify = ops.tree_verify_inputs(tree, roots, seq_lens)
@@ -123,7 +123,7 @@ def test_verify_inputs_fallback_matches_per_tree_layout(cpu_fallback):
 
 
 def test_verify_inputs_fallback_rejects_a_wrong_mask_size(cpu_fallback):
-    _, tree = ops.build_tree(random_logits(1, 3, 20, seed=5), [4])
+    _unused, tree = ops.build_tree(random_logits(1, 3, 20, seed=5), [4])
     with pytest.raises(ValueError, match="mask_numel"):
         ops.tree_verify_inputs(tree, torch.tensor([1]), torch.tensor([2]), mask_numel=7)
 
@@ -132,7 +132,7 @@ def test_greedy_accept_fallback_matches_follow_greedy(cpu_fallback):
     logits = random_logits(3, 6, 30, seed=6)
     logits[:, :, 3] += 30  # a confident spine, so walks go deep
     budgets = [20, 5, 0]
-    _, tree = ops.build_tree(logits, budgets)
+    _unused, tree = ops.build_tree(logits, budgets)
     starts = torch.tensor([10, 0, 4])
     verify = ops.tree_verify_inputs(tree, torch.tensor([1, 2, 3]), starts, mask_numel=0)
     predict = torch.full_like(verify.input_ids, 3)
@@ -178,7 +178,7 @@ def test_invalid_arguments_are_rejected(call, message):
 
 
 def test_greedy_accept_rejects_bad_depth_and_shapes(cpu_fallback):
-    _, tree = ops.build_tree(random_logits(1, 3, 20, seed=7), [4])
+    _unused, tree = ops.build_tree(random_logits(1, 3, 20, seed=7), [4])
     verify = ops.tree_verify_inputs(tree, torch.tensor([1]), torch.tensor([0]), mask_numel=0)
     with pytest.raises(ValueError, match="max_depth"):
         ops.greedy_accept(verify, torch.zeros_like(verify.input_ids), torch.tensor([0]), max_depth=17)

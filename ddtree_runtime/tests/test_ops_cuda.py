@@ -25,7 +25,7 @@ def check_topk(logits: torch.Tensor, k: int) -> None:
     values = logits.float()
     ref_values, ref_ids = ranked_topk(values, k)
     assert torch.equal(top.ids.cpu(), ref_ids)
-    ref_lp, _ = depth_log_probs(values, k)
+    ref_lp, _unused = depth_log_probs(values, k)
     ours = top.log_probs.cpu()
     assert torch.equal(torch.isneginf(ours), torch.isneginf(ref_lp))
     finite = torch.isfinite(ref_lp)
@@ -188,7 +188,7 @@ def test_a_round_is_capturable_in_a_cuda_graph():
     mask_numel = int(((seq_lens + width) * width).sum())
 
     def round_() -> tuple[torch.Tensor, ...]:
-        _, tree = ops.build_tree(logits, budgets, max_budget=256)
+        _unused, tree = ops.build_tree(logits, budgets, max_budget=256)
         verify = ops.tree_verify_inputs(tree, roots, seq_lens, mask_numel)
         accepted = ops.greedy_accept(verify, predict, seq_lens, 15)
         return (*tree, *verify, *accepted)

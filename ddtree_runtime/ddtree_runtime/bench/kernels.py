@@ -37,7 +37,7 @@ def make_logits(batch: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
 def reference_us(logits: torch.Tensor, budget: int, rounds: int) -> float:
     build_tree(logits[0], budget)  # warm-up
     samples = []
-    for _ in range(rounds):
+    for _unused in range(rounds):
         torch.cuda.synchronize()
         begin = time.perf_counter()
         for b in range(logits.shape[0]):
@@ -47,12 +47,12 @@ def reference_us(logits: torch.Tensor, budget: int, rounds: int) -> float:
 
 
 def event_us(fn: Callable[[], object], iterations: int) -> float:
-    for _ in range(3):
+    for _unused in range(3):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    for _ in range(iterations):
+    for _unused in range(iterations):
         fn()
     end.record()
     torch.cuda.synchronize()
@@ -76,7 +76,7 @@ def spin_up(seconds: float) -> None:
     a = torch.randn(4096, 4096, device=CUDA, dtype=torch.bfloat16)
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        for _ in range(20):
+        for _unused in range(20):
             a @ a
         torch.cuda.synchronize()
 
@@ -98,7 +98,7 @@ def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, floa
     top, tree = ops.build_tree(logits, budgets, max_budget=budget)
 
     def ours() -> None:
-        _, t = ops.build_tree(logits, budgets, max_budget=budget)
+        _unused, t = ops.build_tree(logits, budgets, max_budget=budget)
         ops.tree_verify_inputs(t, roots, seq_lens, mask_numel=0)
 
     result: dict[str, float | int | None] = {
