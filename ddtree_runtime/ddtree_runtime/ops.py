@@ -424,14 +424,14 @@ def _register_fakes() -> None:
     """Shape functions so that torch.compile can trace through the operators."""
 
     @torch.library.register_fake("ddtree_runtime::topk_log_probs")
-    def _unused(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, depth, _unused = logits.shape
+    def fake_topk_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, depth = logits.shape[0], logits.shape[1]
         return (logits.new_empty(b, depth, k, dtype=torch.float32), logits.new_empty(b, depth, k, dtype=torch.long),
                 logits.new_empty(b, dtype=torch.bool))
 
     @torch.library.register_fake("ddtree_runtime::build_tree")
-    def _unused(log_probs: torch.Tensor, top_ids: torch.Tensor, budgets: torch.Tensor,
-          max_budget: int) -> tuple[torch.Tensor, ...]:
+    def fake_build_tree(log_probs: torch.Tensor, top_ids: torch.Tensor, budgets: torch.Tensor,
+                        max_budget: int) -> tuple[torch.Tensor, ...]:
         b = log_probs.shape[0]
         flat = log_probs.new_empty(b, max_budget, dtype=torch.long)
         return (flat, flat.clone(), log_probs.new_empty(b, max_budget + 1, dtype=torch.long),
@@ -439,7 +439,7 @@ def _register_fakes() -> None:
                 log_probs.new_empty(b, dtype=torch.long))
 
     @torch.library.register_fake("ddtree_runtime::tree_verify_inputs")
-    def _unused(  # noqa: PLR0917 - the operator schema is positional
+    def fake_tree_verify_inputs(  # noqa: PLR0917 - the operator schema is positional
         token_ids: torch.Tensor, depths: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
         root_tokens: torch.Tensor, seq_lens: torch.Tensor, mask_numel: int
     ) -> tuple[torch.Tensor, ...]:
@@ -449,7 +449,7 @@ def _register_fakes() -> None:
                 parents.new_empty(mask_numel, dtype=torch.bool), square.clone(), square.clone(), square.clone())
 
     @torch.library.register_fake("ddtree_runtime::greedy_accept")
-    def _unused(  # noqa: PLR0917 - the operator schema is positional
+    def fake_greedy_accept(  # noqa: PLR0917 - the operator schema is positional
         candidates: torch.Tensor, next_token: torch.Tensor, next_sibling: torch.Tensor,
         target_predict: torch.Tensor, starts: torch.Tensor, max_depth: int
     ) -> tuple[torch.Tensor, ...]:
