@@ -48,15 +48,20 @@ __device__ __forceinline__ uint64_t level_bits(int word, int level, int value) {
   return word == (level >> 2) ? static_cast<uint64_t>(value) << ((3 - (level & 3)) * 16) : uint64_t{0};
 }
 
-// Rank path of an entry ascending: its parent's path plus its own rank at level depth - 1.
+// Rank path of an entry ascending: its parent's path plus its own rank at level depth - 1. All eight words
+// are loaded before any comparison, so the loads overlap instead of waiting on each other.
 __device__ bool path_less(uint32_t a, uint32_t b, const uint64_t* __restrict__ node_path) {
   const uint64_t* pa = node_path + entry_parent(a) * kPathWords;
   const uint64_t* pb = node_path + entry_parent(b) * kPathWords;
+  uint64_t wa[kPathWords], wb[kPathWords];
 #pragma unroll
   for (int w = 0; w < kPathWords; ++w) {
-    const uint64_t wa = pa[w] | level_bits(w, entry_depth(a) - 1, entry_rank(a) + 1);
-    const uint64_t wb = pb[w] | level_bits(w, entry_depth(b) - 1, entry_rank(b) + 1);
-    if (wa != wb) return wa < wb;
+    wa[w] = pa[w] | level_bits(w, entry_depth(a) - 1, entry_rank(a) + 1);
+    wb[w] = pb[w] | level_bits(w, entry_depth(b) - 1, entry_rank(b) + 1);
+  }
+#pragma unroll
+  for (int w = 0; w < kPathWords; ++w) {
+    if (wa[w] != wb[w]) return wa[w] < wb[w];
   }
   return false;
 }

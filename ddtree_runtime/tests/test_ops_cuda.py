@@ -74,6 +74,26 @@ def test_topk_rows_split_over_blocks_at_batch_one():
             check_topk(logits.to(dtype), k)
 
 
+def test_topk_vocabulary_too_long_for_the_chunked_path():
+    # At k = 1024 a 300000-token row needs chunks longer than the chunk blocks' shared memory: the whole-row
+    # fallback kernel runs; k = 16 on the same logits takes the chunked path.
+    generator = torch.Generator().manual_seed(13)
+    logits = torch.randn(1, 2, 300000, generator=generator)
+    logits[0, 1, 250000:] = 5.0  # ties in the last chunks
+    for k in (16, 1024):
+        check_topk(logits.to(torch.bfloat16), k)
+
+
+def test_topk_with_more_rows_than_multiprocessors():
+    # 240 rows (batch 16 at depth 15): the whole-row kernel on GPUs with up to 240 SMs, with ties and -inf.
+    generator = torch.Generator().manual_seed(14)
+    logits = torch.randn(16, 15, 5000, generator=generator) * 3
+    logits[3] = torch.round(logits[3])
+    logits[5, :, 2500:] = float("-inf")
+    for k in (1, 64, 1024):
+        check_topk(logits.to(torch.bfloat16), k)
+
+
 def test_topk_flags_a_bad_value_in_any_part_of_a_split_row():
     logits = torch.zeros(1, 2, 151936, device=CUDA, dtype=torch.bfloat16)
     assert ops.topk_log_probs(logits, 8).invalid.tolist() == [False]

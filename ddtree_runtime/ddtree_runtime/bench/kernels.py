@@ -71,6 +71,23 @@ def graph_us(fn: Callable[[], object], iterations: int) -> float:
     return event_us(graph.replay, iterations)
 
 
+def kernel_us(fn: Callable[[], object], iterations: int) -> dict[str, float]:
+    """GPU time per call of each kernel that ``fn`` launches (torch profiler, eager calls), in microseconds."""
+    for _unused in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _unused in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0.0)
+        if device_us > 0:
+            times[event.key[:60]] = device_us / iterations
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
 def spin_up(seconds: float) -> None:
     """Keep the GPU busy so that it leaves its idle clocks before a timing (they start near 345 MHz)."""
     a = torch.randn(4096, 4096, device=CUDA, dtype=torch.bfloat16)
@@ -119,6 +136,8 @@ def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, floa
         "sm_clock_mhz_after": sm_clock_mhz(),
         "empty_graph_kernel_us": graph_us(lambda: roots.add_(0), args.iterations),
     }
+    if args.kernel_times:
+        result["kernel_us"] = kernel_us(ours, args.iterations)  # type: ignore[assignment]
     result["speedup"] = result["reference_us"] / result["ours_us"]
     result["speedup_graph"] = result["reference_us"] / result["ours_graph_us"]
     return result
@@ -134,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iterations", type=int, default=50, help="kernel iterations per timing (mean)")
     p.add_argument("--seq-len", type=int, default=1024, help="committed length for the flat-mask timing")
     p.add_argument("--spin-up", type=float, default=0.3, help="seconds of matmuls before each kernel timing")
+    p.add_argument("--kernel-times", action="store_true", help="also profile each kernel's GPU time per call")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and ops.extension_available()):
@@ -151,6 +171,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['ours_graph_us']:.1f} | {r['speedup']:.0f}x / {r['speedup_graph']:.0f}x | {r['topk_us']:.1f} | "
               f"{r['tree_us']:.1f} | {r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} | "
               f"{r['empty_graph_kernel_us']:.1f} | {r['sm_clock_mhz_before']}/{r['sm_clock_mhz_after']} |")
+    for r in rows:
+        if "kernel_us" in r:
+            kernels = ", ".join(f"{name} {us:.1f}" for name, us in r["kernel_us"].items())  # type: ignore[union-attr]
+            print(f"batch {r['batch']} budget {r['budget']} kernel us per call: {kernels}")
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                 "depth": args.depth, "vocab": args.vocab, "seq_len": args.seq_len}
