@@ -10,7 +10,8 @@ import pytest
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
-WOULD_SWITCH_TASK = "Report the switch check mode would make"
+WOULD_SWITCH_TASK = "pivot.ops.sglang_release : Report the switch check mode would make"
+WOULD_STOP_TASK = "pivot.ops.stop_training : Checkpoint and stop the training job"
 
 
 def test_check_mode_previews_the_pivot_and_changes_nothing(
@@ -37,7 +38,7 @@ def test_check_mode_previews_the_pivot_and_changes_nothing(
         for task, result in run.changed_results(host):
             assert task == WOULD_SWITCH_TASK or result.get("diff"), f"{host}: {task} changed without a diff"
     assert [t for t, _ in run.changed_results("pro6000") if t == WOULD_SWITCH_TASK], "the switch is not announced"
-    assert [t for t, _ in run.changed_results("ct200")] == ["Checkpoint and stop the training job"]
+    assert [t for t, _ in run.changed_results("ct200")] == [WOULD_STOP_TASK]
 
     after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
     # Training still runs with the same processes; no checkpoint was requested (none written, no signal logged).
