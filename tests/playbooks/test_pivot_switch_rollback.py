@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
 DRAFTER = "/root/models/Qwen3.6-27B-DFlash"
 BROKEN_DRAFTER = "/root/models/Qwen3.6-27B-DFlash-broken"
-HEALTH_TIMEOUT_S = 20
+HEALTH_TIMEOUT_S = 15
 ROLLED_BACK = "Rolled back: nextn-baseline is serving again (EAGLE, healthy)."
 
 
