@@ -4,6 +4,7 @@ cares about on the hosts, so that a test can say "nothing else was touched"."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -170,7 +171,39 @@ def controller_id() -> str:
     return f"{socket.gethostname()}:{boot_id}"
 
 
-# --- playbook runs --------------------------------------------------------------------------------------------------
+# --- playbook runs and their processes ------------------------------------------------------------------------
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def kill_ansible_playbook(pid: int) -> None:
+    """SIGKILL to an ansible-playbook and everything it started, as when its machine dies. Its process group is not
+    enough: ansible's workers call setsid(), so each leads a process group of its own (with its ssh clients and
+    local modules). The playbook's group is stopped first, so that it forks no worker while the tree is read."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGSTOP)
+    children, tree, todo = _children_by_parent(), [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    groups = set()
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(member))
+    for group in groups - {os.getpgrp()}:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def _extra_var_args(extra_vars: tuple[str, ...]) -> list[str]:
@@ -298,7 +331,7 @@ class BackgroundRun:
         return "".join(self.lines)
 
     def kill(self) -> None:
-        """SIGKILL to the whole process group, as when the operator's terminal or machine dies."""
+        """SIGKILL to the run and all it started, as when the operator's machine dies."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            kill_ansible_playbook(self.process.pid)
         self.process.wait(timeout=30)

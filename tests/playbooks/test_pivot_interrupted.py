@@ -1,5 +1,5 @@
 """A pivot in progress holds both hosts' locks: a second pivot started meanwhile refuses and leaves them alone. The
-first run is then killed (SIGKILL to its process group, as when the operator's machine dies) after it stopped the
+first run is then killed (SIGKILL to it and all it started, as when the operator's machine dies) after it stopped the
 training job, in the middle of the switch, with no server running. A re-run takes over its stale locks and converges
 to the DDTree release; the job is not restarted, and the checkpoint the killed run confirmed stays on disk."""
 

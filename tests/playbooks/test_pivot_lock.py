@@ -3,8 +3,6 @@ and takes over a lock whose run is dead. (A real concurrent pivot is in test_piv
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +39,7 @@ def live_holder(lab_up: None) -> Iterator[dict]:
             pivotlab.write_lock(host, record)
         yield record
     finally:
-        os.killpg(holder.pid, signal.SIGKILL)  # its forked worker too
+        pivotlab.kill_ansible_playbook(holder.pid)
         holder.wait(timeout=30)
         for host in HOSTS:
             pivotlab.remove_lock(host)
