@@ -54,7 +54,7 @@ def test_checkpoint_that_never_lands_leaves_the_job_running(
 def stray_gpu_process(lab_up: None) -> Iterator[int]:
     """Someone else's process on ct200 holding memory on GPU 3 (through the lab's GPU double), not part of the job."""
     started = labctl.pct_exec(["sh", "-c", "cd /usr/local/lib/pivot-lab && setsid nohup python3 -m fake_gpu hold "
-                               "--gpus 3:4096 --name eval_notebook >/dev/null 2>&1 </dev/null & echo $!"])
+                               "--gpus 3:4096 >/dev/null 2>&1 </dev/null & echo $!"])
     assert started.rc == 0, started.stderr
     pid = int(started.stdout)
     try:
@@ -72,7 +72,9 @@ def test_gpus_still_held_after_the_stop_leave_the_serving_host_alone(
 
     assert run.rc != 0, run.summary()
     assert "Phase 'training_gpu_release' failed on ct200" in run.message, run.summary()
-    assert str(stray_gpu_process) in run.message, "the message names the process that holds the GPU"
+    # It names the process that holds the GPU, with its command line and how to end it.
+    assert f"PID {stray_gpu_process} 'python3 -m fake_gpu hold" in run.message, run.summary()
+    assert f"kill {stray_gpu_process}" in run.message, run.summary()
     assert run.report is not None and run.report["status"] == "failed"
     assert run.phase_names()[-1] == "training_gpu_release", "nothing after the failed GPU check may run"
     findings = run.phase("training_gpu_release")["findings"]
