@@ -249,7 +249,7 @@ class PlaybookRun:
     @property
     def message(self) -> str:
         """The message of the last failure: what the play ended with, whitespace collapsed."""
-        failed = [result.get("msg", "") for _, _, result in self.host_results() if result.get("failed")]
+        failed = [result.get("msg", "") for _host, _task, result in self.host_results() if result.get("failed")]
         return " ".join(str(failed[-1]).split()) if failed else ""
 
     def phase(self, name: str, host: str | None = None) -> dict:

@@ -37,8 +37,8 @@ def test_check_mode_previews_the_pivot_and_changes_nothing(
     for host in ("ct200", "pro6000"):
         for task, result in run.changed_results(host):
             assert task == WOULD_SWITCH_TASK or result.get("diff"), f"{host}: {task} changed without a diff"
-    assert [t for t, _ in run.changed_results("pro6000") if t == WOULD_SWITCH_TASK], "the switch is not announced"
-    assert [t for t, _ in run.changed_results("ct200")] == [WOULD_STOP_TASK]
+    assert [t for t, _unused in run.changed_results("pro6000") if t == WOULD_SWITCH_TASK], "the switch is not announced"
+    assert [t for t, _unused in run.changed_results("ct200")] == [WOULD_STOP_TASK]
 
     after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
     # Training still runs with the same processes; no checkpoint was requested (none written, no signal logged).

@@ -65,7 +65,7 @@ def test_missing_drafter_fails_in_preflight_and_touches_nothing(
     assert training_checks["training_job"]["ok"] is True, training_checks
     assert "found the job" in training_checks["training_job"]["detail"]
     for host in ("ct200", "pro6000"):
-        assert run.changed(host) == 0, f"{host}: {[task for task, _ in run.changed_results(host)]}"
+        assert run.changed(host) == 0, f"{host}: {[task for task, _unused in run.changed_results(host)]}"
 
     after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
     pivotlab.assert_training_untouched(job, after_training)
