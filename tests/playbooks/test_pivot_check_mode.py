@@ -12,6 +12,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
 WOULD_SWITCH_TASK = "pivot.ops.sglang_release : Report the switch check mode would make"
 WOULD_STOP_TASK = "pivot.ops.stop_training : Checkpoint and stop the training job"
+# Announced only on a host whose running unit has not been recorded as the baseline yet.
+WOULD_RECORD_TASK = "pivot.ops.sglang_release : Report the baseline check mode would record"
 
 
 def test_check_mode_previews_the_pivot_and_changes_nothing(
@@ -36,7 +38,8 @@ def test_check_mode_previews_the_pivot_and_changes_nothing(
     assert run.changed("pro6000") > 0, run.summary()
     for host in ("ct200", "pro6000"):
         for task, result in run.changed_results(host):
-            assert task == WOULD_SWITCH_TASK or result.get("diff"), f"{host}: {task} changed without a diff"
+            announced = task in (WOULD_SWITCH_TASK, WOULD_RECORD_TASK)
+            assert announced or result.get("diff"), f"{host}: {task} changed without a diff"
     assert [t for t, _unused in run.changed_results("pro6000") if t == WOULD_SWITCH_TASK], "the switch is not announced"
     assert [t for t, _unused in run.changed_results("ct200")] == [WOULD_STOP_TASK]
 
