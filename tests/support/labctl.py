@@ -76,6 +76,19 @@ def lab_processes() -> list[int]:
     return sorted(pids)
 
 
+def is_zombie(pid: int) -> bool:
+    """An exited process its parent has not reaped yet: it holds nothing but its PID.
+
+    After a `lab up` is killed, its systemd-nspawn children belong to this machine's init; where
+    that init does not reap (some CI runners), they stay zombies after `lab down` ends them.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def leftovers() -> dict[str, list[str]]:
     """Everything a lab could leave on this machine; all lists are empty when it is fully down."""
     found: dict[str, list[str]] = {}
@@ -85,7 +98,8 @@ def leftovers() -> dict[str, list[str]]:
     found["links"] = [ln.split(": ")[1] for ln in links if ": pvlab0" in ln or ": pvl-" in ln]
     mounts = Path("/proc/mounts").read_text().splitlines()
     found["mounts"] = [m for m in mounts if str(STATE) in m.split()[1] or "pvlab-nspawn" in m.split()[0]]
-    nspawn = run(["pgrep", "-a", "-x", "systemd-nspawn"]).stdout.splitlines()
+    nspawn = [line for line in run(["pgrep", "-a", "-x", "systemd-nspawn"]).stdout.splitlines()
+              if not is_zombie(int(line.split()[0]))]
     found["processes"] = [f"pid {pid} (in a lab cgroup)" for pid in lab_processes()] + nspawn
     found["cgroups"] = [str(p) for p in CGROUP_DIRS if p.exists()]
     found["host_dirs"] = [str(p) for p in (STATE / "hosts", STATE / "ssh") if p.exists()]
