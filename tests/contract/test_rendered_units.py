@@ -1,8 +1,8 @@
 """Every ExecStart the sglang_release role renders parses with SGLang 0.5.23's own parser (plugin loaded).
 
 The units are rendered for real: ansible-playbook runs the role's own ``render`` tasks on localhost with the
-production group_vars and the exact release variables playbooks/pivot.yml passes in phase 5 (read from the
-playbook, not copied), into a temporary root. render.yml itself runs ``systemd-analyze verify`` and
+production group_vars, the role variables of playbooks/vars/roles.yml and those pivot.yml adds in phase 5
+(read from the playbook, not copied), into a temporary root. render.yml itself runs ``systemd-analyze verify`` and
 ``ddtree_runtime.argcheck`` with .venv-sglang as the serving venv; the tests then parse each ExecStart again.
 """
 
@@ -22,7 +22,7 @@ RELEASE_ROLE = "pivot.ops.sglang_release"
 
 
 def phase5_release_vars() -> dict[str, Any]:
-    """The ``sglang_release_*`` variables pivot.yml hands the role (Jinja left for Ansible to render)."""
+    """The ``sglang_release_*`` variables pivot.yml adds to playbooks/vars/roles.yml (Jinja left for Ansible)."""
     for play in yaml.safe_load((REPO / "playbooks" / "pivot.yml").read_text()):
         for task in play.get("tasks", []):
             task_vars = task.get("vars", {})
@@ -57,7 +57,8 @@ def render_playbook(root: Path) -> list[dict[str, Any]]:
         "hosts": "localhost",
         "connection": "local",
         "gather_facts": False,
-        "vars_files": [str(group_vars / "all.yml"), str(group_vars / "serving.yml")],
+        "vars_files": [str(group_vars / "all.yml"), str(group_vars / "serving.yml"),
+                       str(REPO / "playbooks" / "vars" / "roles.yml")],
         "tasks": [
             render("ddtree", "DDTREE", "{{ sglang_release_speculative_args }}"),
             render("nextn-baseline", "NEXTN", "{{ sglang_release_baseline_args }}"),
