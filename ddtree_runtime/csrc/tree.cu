@@ -1,5 +1,9 @@
 // Best-first DDTree construction from per-depth top-K log-probabilities, one block per request.
 //
+// Two paths give the same trees. The threshold path (tree_threshold.cuh) grows the tree level by level with
+// the whole block and sorts it; it runs when every row is nonincreasing and <= 0 and the kept set fits the
+// shared memory. Otherwise the sequential pop loop below runs.
+//
 // The pop loop runs in one warp. The frontier lives in shared memory as slots of (64-bit score key, packed
 // parent/depth/rank); lane l owns slots l, l + 32, ... and keeps the best of them in registers. A pop is a
 // warp arg-max of the lanes' bests on the score key (two __reduce_max_sync), with the rank path consulted
@@ -9,14 +13,16 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "common.cuh"
 
 namespace ddtree {
 namespace {
 
-constexpr int kTreeThreads = 256;
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kPathWords = kMaxDepth / 4;
 constexpr uint64_t kSignBit = uint64_t{1} << 63;
@@ -33,6 +39,8 @@ __device__ __forceinline__ double key_score(uint64_t key) {
   const uint64_t bits = (key & kSignBit) ? (key & ~kSignBit) : ~key;
   return __longlong_as_double(static_cast<long long>(bits));
 }
+
+#include "tree_threshold.cuh"
 
 // A frontier entry's node-to-be: parent node (< 2^16), depth (1..16) and rank (< 1024).
 __device__ __forceinline__ uint32_t pack_entry(int parent, int depth, int rank) {
@@ -66,7 +74,7 @@ __device__ bool path_less(uint32_t a, uint32_t b, const uint64_t* __restrict__ n
   return false;
 }
 
-// The block's shared memory, carved from one dynamic allocation (8-byte arrays first).
+// The sequential path's shared memory, carved from the region after the log-prob table (8-byte arrays first).
 struct TreeSmem {
   double* node_score;    // [max_budget + 1], node 0 = root
   uint64_t* node_path;   // [(max_budget + 1) * kPathWords]
@@ -74,28 +82,36 @@ struct TreeSmem {
   int* node_parent;      // [max_budget + 1]
   int* node_depth_rank;  // [max_budget], depth << 16 | rank of node i + 1
   uint32_t* slot_entry;  // [max_budget + 1]
-  float* lp;             // [L * K]
-  int* count;            // [1], after the table
+  const float* lp;       // [L * K], the table before the region
 };
 
-__host__ __device__ inline size_t tree_smem_bytes(int max_budget, int64_t table) {
+__host__ __device__ inline size_t sequential_region_bytes(int max_budget) {
   const size_t nodes = static_cast<size_t>(max_budget) + 1;
   return nodes * (sizeof(double) + kPathWords * sizeof(uint64_t) + sizeof(uint64_t) + sizeof(int) + sizeof(int) +
-                  sizeof(uint32_t)) +
-         static_cast<size_t>(table) * sizeof(float) + sizeof(int);
+                  sizeof(uint32_t));
 }
 
-__device__ TreeSmem carve(unsigned char* base, int max_budget, int64_t table) {
+// The log-prob table, rounded up so that the region after it is 16-byte aligned.
+__host__ __device__ inline size_t table_bytes(int64_t table) {
+  return (static_cast<size_t>(table) * sizeof(float) + 15) / 16 * 16;
+}
+
+__host__ __device__ inline size_t region_bytes(int max_budget, int capacity) {
+  const size_t kept = static_cast<size_t>(capacity) * kBytesPerKept;
+  const size_t sequential = sequential_region_bytes(max_budget);
+  return kept > sequential ? kept : sequential;
+}
+
+__device__ TreeSmem carve(unsigned char* region, int max_budget, const float* lp) {
   const size_t nodes = static_cast<size_t>(max_budget) + 1;
   TreeSmem s;
-  s.node_score = reinterpret_cast<double*>(base);
+  s.node_score = reinterpret_cast<double*>(region);
   s.node_path = reinterpret_cast<uint64_t*>(s.node_score + nodes);
   s.slot_key = s.node_path + nodes * kPathWords;
   s.node_parent = reinterpret_cast<int*>(s.slot_key + nodes);
   s.node_depth_rank = s.node_parent + nodes;
   s.slot_entry = reinterpret_cast<uint32_t*>(s.node_depth_rank + nodes);
-  s.lp = reinterpret_cast<float*>(s.slot_entry + nodes);
-  s.count = reinterpret_cast<int*>(s.lp + table);
+  s.lp = lp;
   return s;
 }
 
@@ -221,52 +237,143 @@ __device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, i
   return count;
 }
 
-__global__ void __launch_bounds__(kTreeThreads) build_tree_kernel(
-    const float* __restrict__ log_probs, const int64_t* __restrict__ top_ids, const int64_t* __restrict__ budgets,
-    int depth_limit, int k_max, int max_budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
-    int64_t* __restrict__ parents, double* __restrict__ scores, int64_t* __restrict__ ranks,
-    int64_t* __restrict__ num_nodes) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int64_t table = static_cast<int64_t>(depth_limit) * k_max;
-  const TreeSmem s = carve(smem, max_budget, table);
-
-  const int request = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < table; i += blockDim.x) s.lp[i] = log_probs[request * table + i];
-  const int64_t requested = budgets[request];
-  const int budget = requested < 0 ? 0 : static_cast<int>(requested > max_budget ? max_budget : requested);
-  const int k = min(max(budget, 1), k_max);
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const int count = pop_loop(s, budget, k, depth_limit, k_max);
-    if (threadIdx.x == 0) *s.count = count;
+// Every row's first k log-probs are NaN-free, start <= 0 and never increase (what the threshold path needs).
+__device__ bool rows_allow_threshold(const float* lp, int depth_limit, int k, int k_max) {
+  bool bad = false;
+  for (int i = threadIdx.x; i < depth_limit * k; i += kThreads) {
+    const int d = i / k, r = i % k;
+    const float value = lp[d * k_max + r];
+    bad |= !(value <= (r == 0 ? 0.0f : lp[d * k_max + r - 1]));  // NaN fails every comparison
   }
-  __syncthreads();
-  const int count = *s.count;
-  const int64_t width = max_budget;
-  const int64_t* ids = top_ids + request * table;
-  for (int i = threadIdx.x; i < max_budget; i += blockDim.x) {
+  return __syncthreads_or(bad) == 0;
+}
+
+struct TreeOutputs {
+  int64_t* token_ids;
+  int64_t* depths;
+  int64_t* parents;
+  double* scores;
+  int64_t* ranks;
+  int64_t* num_nodes;
+};
+
+// Writes the threshold path's tree: kept node i is node position[i] + 1 when that position is < budget.
+__device__ void write_threshold_tree(const KeptSmem& kept, int size, const int* position, int budget,
+                                     const int64_t* ids, int k_max, int64_t request, int64_t width,
+                                     const TreeOutputs& out) {
+  const int count = min(budget, size);
+  for (int i = threadIdx.x; i < size; i += kThreads) {
+    const int slot = position[i];
+    if (slot >= count) continue;
+    const uint32_t meta = kept.meta[i];
+    const int depth = kept_depth(meta), rank = kept_rank(meta), parent = kept_parent(meta);
+    out.token_ids[request * width + slot] = ids[(depth - 1) * k_max + rank];
+    out.depths[request * width + slot] = depth;
+    out.ranks[request * width + slot] = rank;
+    out.scores[request * width + slot] = key_score(kept.key[i]);
+    out.parents[request * (width + 1) + slot + 1] = parent >= 0 ? position[parent] + 1 : 0;
+  }
+  for (int slot = count + static_cast<int>(threadIdx.x); slot < width; slot += kThreads) {
+    out.token_ids[request * width + slot] = kNoNode;
+    out.depths[request * width + slot] = 0;
+    out.ranks[request * width + slot] = kNoNode;
+    out.scores[request * width + slot] = -INFINITY;
+    out.parents[request * (width + 1) + slot + 1] = kNoNode;
+  }
+  if (threadIdx.x == 0) {
+    out.parents[request * (width + 1)] = kNoNode;
+    out.num_nodes[request] = count;
+  }
+}
+
+// Writes the sequential path's tree from the popped nodes.
+__device__ void write_sequential_tree(const TreeSmem& s, int count, const int64_t* ids, int k_max, int64_t request,
+                                      int64_t width, const TreeOutputs& out) {
+  for (int i = threadIdx.x; i < width; i += kThreads) {
     const bool real = i < count;
     const int depth = real ? s.node_depth_rank[i] >> 16 : 0;
     const int rank = real ? s.node_depth_rank[i] & 0xffff : 0;
-    token_ids[request * width + i] = real ? ids[(depth - 1) * k_max + rank] : kNoNode;
-    depths[request * width + i] = depth;
-    ranks[request * width + i] = real ? rank : kNoNode;
-    scores[request * width + i] = real ? s.node_score[i + 1] : -INFINITY;
+    out.token_ids[request * width + i] = real ? ids[(depth - 1) * k_max + rank] : kNoNode;
+    out.depths[request * width + i] = depth;
+    out.ranks[request * width + i] = real ? rank : kNoNode;
+    out.scores[request * width + i] = real ? s.node_score[i + 1] : -INFINITY;
   }
-  for (int i = threadIdx.x; i <= max_budget; i += blockDim.x) {
-    parents[request * (width + 1) + i] = (i >= 1 && i <= count) ? s.node_parent[i] : kNoNode;
+  for (int i = threadIdx.x; i <= width; i += kThreads) {
+    out.parents[request * (width + 1) + i] = (i >= 1 && i <= count) ? s.node_parent[i] : kNoNode;
   }
-  if (threadIdx.x == 0) num_nodes[request] = count;
+  if (threadIdx.x == 0) out.num_nodes[request] = count;
 }
 
-// Up to ~127 KiB of dynamic shared memory (budget 1024, a 16 x 1024 table): above the default 48 KiB, so opt
-// in once per device (before any graph capture, on the first call).
-void allow_tree_smem(int device) {
+__global__ void __launch_bounds__(kThreads) build_tree_kernel(
+    const float* __restrict__ log_probs, const int64_t* __restrict__ top_ids, const int64_t* __restrict__ budgets,
+    int depth_limit, int k_max, int max_budget, int capacity, TreeOutputs out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ ThresholdScratch scratch;
+  __shared__ int popped;
+  const int64_t table = static_cast<int64_t>(depth_limit) * k_max;
+  float* lp = reinterpret_cast<float*>(smem);
+  unsigned char* region = smem + table_bytes(table);
+
+  const int64_t request = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < table; i += blockDim.x) lp[i] = log_probs[request * table + i];
+  const int64_t requested = budgets[request];
+  const int budget = requested < 0 ? 0 : static_cast<int>(requested > max_budget ? max_budget : requested);
+  const int k = min(max(budget, 1), k_max);
+  const int64_t* ids = top_ids + request * table;
+  __syncthreads();
+  const bool threshold = budget >= kThresholdMinBudget && capacity > 0 && depth_limit > 0 && k_max > 0 &&
+                         rows_allow_threshold(lp, depth_limit, k, k_max);
+  if (threshold) {
+    const KeptSmem kept = carve_kept(region, capacity);
+    int size = 0;
+    const int* position = nullptr;
+    if (grow_threshold_tree(kept, lp, k_max, depth_limit, budget, k, scratch, size, position)) {
+      write_threshold_tree(kept, size, position, budget, ids, k_max, request, max_budget, out);
+      return;
+    }
+    __syncthreads();  // the pop loop reuses the region
+  }
+  const TreeSmem s = carve(region, max_budget, lp);
+  if (threadIdx.x < 32) {
+    const int count = pop_loop(s, budget, k, depth_limit, k_max);
+    if (threadIdx.x == 0) popped = count;
+  }
+  __syncthreads();
+  write_sequential_tree(s, popped, ids, k_max, request, max_budget, out);
+}
+
+// The device's opt-in shared memory per block, less the kernel's static shared memory; set as the kernel's
+// dynamic limit once per device (before any graph capture, on the first call).
+int dynamic_smem_limit(int device) {
   static std::once_flag flags[64];
-  std::call_once(flags[device % 64], [] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(tree_smem_bytes(kMaxBudget, int64_t{kMaxDepth} * kMaxBudget))));
+  static int limits[64];
+  std::call_once(flags[device % 64], [device] {
+    int optin = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attributes{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, build_tree_kernel));
+    const int limit = optin - static_cast<int>(attributes.sharedSizeBytes);
+    C10_CUDA_CHECK(cudaFuncSetAttribute(build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+    limits[device % 64] = limit;
   });
+  return limits[device % 64];
+}
+
+// DDTREE_TREE_PATH=sequential disables the threshold path (for benchmarks and diagnosis); read once.
+bool threshold_path_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("DDTREE_TREE_PATH");
+    return value == nullptr || std::string(value) != "sequential";
+  }();
+  return enabled;
+}
+
+// The kept-set capacity that fits next to the table: as large as allowed up to kMaxKept, a multiple of 32.
+int kept_capacity(int limit, int64_t table) {
+  if (!threshold_path_enabled()) return 0;
+  const int64_t room = (static_cast<int64_t>(limit) - static_cast<int64_t>(table_bytes(table))) /
+                       static_cast<int64_t>(kBytesPerKept);
+  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kMaxKept, room)) / 32 * 32);
 }
 
 }  // namespace
@@ -297,13 +404,17 @@ std::vector<at::Tensor> build_tree_cuda(const at::Tensor& log_probs, const at::T
     const at::Tensor ids = top_ids.contiguous();
     const at::Tensor budget_long = budgets.to(at::kLong).contiguous();
     const int64_t table = log_probs.size(1) * log_probs.size(2);
-    allow_tree_smem(log_probs.device().index());
-    build_tree_kernel<<<static_cast<unsigned>(batch), kTreeThreads,
-                        tree_smem_bytes(static_cast<int>(max_budget), table), c10::cuda::getCurrentCUDAStream()>>>(
+    const int limit = dynamic_smem_limit(log_probs.device().index());
+    const int capacity = kept_capacity(limit, table);
+    const size_t smem = table_bytes(table) + region_bytes(static_cast<int>(max_budget), capacity);
+    TORCH_CHECK(smem <= static_cast<size_t>(limit), "build_tree needs ", smem, " bytes of shared memory per block, ",
+                "this GPU allows ", limit, " (lower max_budget or the top-K width)");
+    const TreeOutputs out{token_ids.data_ptr<int64_t>(), depths.data_ptr<int64_t>(), parents.data_ptr<int64_t>(),
+                          scores.data_ptr<double>(), ranks.data_ptr<int64_t>(), num_nodes.data_ptr<int64_t>()};
+    build_tree_kernel<<<static_cast<unsigned>(batch), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
         lp.data_ptr<float>(), ids.data_ptr<int64_t>(), budget_long.data_ptr<int64_t>(),
         static_cast<int>(log_probs.size(1)), static_cast<int>(log_probs.size(2)), static_cast<int>(max_budget),
-        token_ids.data_ptr<int64_t>(), depths.data_ptr<int64_t>(), parents.data_ptr<int64_t>(),
-        scores.data_ptr<double>(), ranks.data_ptr<int64_t>(), num_nodes.data_ptr<int64_t>());
+        capacity, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {token_ids, depths, parents, scores, ranks, num_nodes};

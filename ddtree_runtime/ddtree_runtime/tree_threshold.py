@@ -11,7 +11,8 @@ children whose key is ``>= beta``, and read off by sorting what was kept.
 The kernel, and this model step for step, does exactly that:
 
 1. **Eligibility.** ``k = min(max(B, 1), K)``; the rows ``lp[d, :k]`` must be NaN-free, start ``<= 0`` and be
-   nonincreasing. Otherwise (or when ``budget < THRESHOLD_MIN_BUDGET``) the sequential pop loop runs.
+   nonincreasing. Otherwise (or when ``budget < min_budget``, by default THRESHOLD_MIN_BUDGET as in the
+   kernel) the sequential pop loop runs.
 2. **Growth.** For depth d, each kept depth-(d-1) node e gets the children ranks ``0 .. c_e - 1`` where
    ``c_e = #{r < k : key(score(e) + lp[d - 1][r]) >= beta}`` (a binary search: the keys fall with r).
    ``beta`` starts at 0, below every key, and is only raised when the kept set would outgrow ``capacity``:
@@ -50,8 +51,8 @@ __all__ = [
 
 CAPACITY = 4096
 """Kept-node capacity of the kernel's shared memory on sm_90 (the kernel may get less on smaller GPUs)."""
-THRESHOLD_MIN_BUDGET = 1
-"""Budgets below this take the sequential loop in the kernel (kept equal to the kernel's constant)."""
+THRESHOLD_MIN_BUDGET = 96
+"""Budgets below this take the sequential loop in the kernel, where it measured faster (the kernel's constant)."""
 SELECT_PASSES = 3
 """Radix digits a selection looks at (8 bits each); the bound is then within a 24-bit key prefix of exact."""
 VIRTUAL_LIMIT = 8 * CAPACITY
@@ -300,8 +301,13 @@ def build_tree_threshold(
     top_ids: np.ndarray | torch.Tensor,
     budget: int,
     capacity: int = CAPACITY,
+    min_budget: int = THRESHOLD_MIN_BUDGET,
 ) -> ThresholdTree:
-    """The kernel's tree for one request from ``[L, K]`` float32 log-probs and ids, with its path decision."""
+    """The kernel's tree for one request from ``[L, K]`` float32 log-probs and ids, with its path decision.
+
+    ``capacity`` and ``min_budget`` are the kernel's choices; tests lower ``min_budget`` to run the threshold
+    algorithm on small budgets too.
+    """
     lp = np.asarray(top_log_probs, dtype=np.float32)
     ids = np.asarray(top_ids, dtype=np.int64)
     if lp.ndim != 2 or lp.shape != ids.shape:
@@ -312,7 +318,7 @@ def build_tree_threshold(
     if budget == 0 or depth_limit == 0 or width == 0:
         return _empty_tree("empty")
     k = min(budget, width)
-    if budget < THRESHOLD_MIN_BUDGET or not rows_allow_threshold(lp[:, :k]):
+    if budget < min_budget or not rows_allow_threshold(lp[:, :k]):
         return _sequential(lp, ids, budget)
     kept = _KeptSet(capacity)
     growth = _grow(kept, lp[:, :k].astype(np.float64), budget, capacity)

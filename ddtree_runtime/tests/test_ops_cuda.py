@@ -227,3 +227,45 @@ def test_a_round_is_capturable_in_a_cuda_graph():
     torch.cuda.synchronize()
     for replayed, eager in zip(captured, round_(), strict=True):
         assert torch.equal(replayed, eager)
+
+
+def confident_drafter_topk(batch: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # The benchmark's logits: one boosted token per depth over the Qwen vocabulary, bf16.
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, 15, 151936, generator=generator)
+    favourite = torch.randint(0, 151936, (batch, 15, 1), generator=generator)
+    logits.scatter_add_(2, favourite, torch.full((batch, 15, 1), 14.0))
+    return depth_log_probs(logits.to(torch.bfloat16).float(), k)
+
+
+def test_threshold_path_on_a_confident_drafter_at_every_benchmark_budget():
+    lp, ids = confident_drafter_topk(4, 1024, seed=21)
+    assert_tree_equal(lp, ids, [16, 64, 256, 1024], 1024)
+    for budget in (16, 64, 256):
+        assert_tree_equal(lp[:, :, :budget], ids[:, :, :budget], [budget, budget - 1, 1, 0], budget)
+
+
+@pytest.mark.parametrize("budget", [300, 1024])
+def test_threshold_path_with_bf16_like_ties_and_dead_levels(budget):
+    generator = torch.Generator().manual_seed(budget)
+    logits = torch.round(torch.randn(3, 16, 3000, generator=generator) * 4) / 2
+    logits[1, 9:] = float("-inf")  # a dead level: the deeper tree is ordered by rank path only
+    logits[2, :, 0] += 10
+    lp, ids = depth_log_probs(logits, budget)
+    assert_tree_equal(lp, ids, [budget, budget, budget // 2], budget)
+
+
+def test_tied_nodes_beyond_the_kept_capacity_fall_back_to_the_pop_loop():
+    # Four depth-1 nodes score 0 and their 4096 children all score -1, the budget's bound: no bound can
+    # separate more than the kernel's kept capacity (4096), so the sequential loop must give the same tree.
+    lp = torch.full((1, 3, 1024), -1.0)
+    lp[0, 0, :4] = 0.0
+    ids = torch.arange(1024).repeat(1, 3, 1)
+    assert_tree_equal(lp, ids, [1024], 1024)
+
+
+def test_rows_the_threshold_path_cannot_order_take_the_pop_loop_per_request():
+    lp, ids = topk_arrays(3, 6, 500, 128, seed=22, style="random")
+    lp[1, 2] = lp[1, 2].flip(0)  # increasing: request 1 pops sequentially, requests 0 and 2 take the threshold
+    lp[2, 0, :5] = 0.0  # ties at zero are still sorted rows
+    assert_tree_equal(lp, ids, [128, 100, 128], 128)

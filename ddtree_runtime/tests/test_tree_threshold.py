@@ -10,6 +10,7 @@ import torch
 from ddtree_runtime.tree import build_tree_from_topk, depth_log_probs
 from ddtree_runtime.tree_threshold import (
     CAPACITY,
+    THRESHOLD_MIN_BUDGET,
     ThresholdTree,
     build_tree_threshold,
     key_scores,
@@ -58,7 +59,7 @@ def run_random_cases(count: int, seed: int, max_budget: int) -> collections.Coun
         budget = int(rng.integers(0, max_budget + 1))
         width = int(rng.integers(1, max(budget, 1) + 1)) if rng.random() < 0.3 else max(budget, 1)
         lp, ids = make_topk(depth, vocab, width, style, generator)
-        tree = build_tree_threshold(lp.numpy(), ids.numpy(), budget)
+        tree = build_tree_threshold(lp.numpy(), ids.numpy(), budget, min_budget=1)
         assert_same_tree(tree, lp, ids, budget)
         methods[tree.method] += 1
     return methods
@@ -80,7 +81,7 @@ def test_large_budgets_equal_the_heap():
 def test_benchmark_shapes_take_the_threshold_path(style, budget):
     generator = torch.Generator().manual_seed(budget)
     lp, ids = make_topk(15, 5000, budget, style, generator)
-    tree = build_tree_threshold(lp.numpy(), ids.numpy(), budget)
+    tree = build_tree_threshold(lp.numpy(), ids.numpy(), budget, min_budget=1)
     assert_same_tree(tree, lp, ids, budget)
     if style != "dead_level":  # ~2^7 finite nodes, then -inf everywhere: too many ties to keep
         assert tree.method == "threshold"
@@ -93,7 +94,7 @@ def test_a_confident_drafter_at_the_benchmark_vocabulary():
     logits.scatter_add_(1, favourite, torch.full((15, 1), 14.0))
     lp, ids = depth_log_probs(logits.to(torch.bfloat16).float(), 1024)
     for budget in (16, 64, 256, 1024):
-        tree = build_tree_threshold(lp[:, :budget].numpy(), ids[:, :budget].numpy(), budget)
+        tree = build_tree_threshold(lp[:, :budget].numpy(), ids[:, :budget].numpy(), budget, min_budget=1)
         assert tree.method == "threshold"
         assert tree.selections <= 4
         assert_same_tree(tree, lp[:, :budget], ids[:, :budget], budget)
@@ -102,7 +103,7 @@ def test_a_confident_drafter_at_the_benchmark_vocabulary():
 def test_a_lattice_smaller_than_the_budget_is_taken_whole():
     generator = torch.Generator().manual_seed(4)
     lp, ids = make_topk(3, 2, 2, "random", generator)
-    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 100)
+    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 100, min_budget=1)
     assert tree.method == "threshold" and tree.num_nodes == 2 + 4 + 8
     assert_same_tree(tree, lp, ids, 100)
 
@@ -111,17 +112,17 @@ def test_minus_inf_levels_are_ordered_by_rank_path():
     lp = torch.tensor([[-0.5, -1.0, -2.0], [float("-inf")] * 3, [float("-inf")] * 3])
     ids = torch.arange(9).reshape(3, 3)
     for budget in (3, 5, 9, 30):
-        tree = build_tree_threshold(lp.numpy(), ids.numpy(), budget)
+        tree = build_tree_threshold(lp.numpy(), ids.numpy(), budget, min_budget=1)
         assert_same_tree(tree, lp, ids, budget)
 
 
 def test_overflowing_the_capacity_falls_back_to_the_sequential_loop():
     generator = torch.Generator().manual_seed(5)
     lp, ids = make_topk(6, 40, 40, "ties", generator)
-    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 40, capacity=40)
+    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 40, capacity=40, min_budget=1)
     assert tree.method == "sequential"
     assert_same_tree(tree, lp, ids, 40)
-    roomy = build_tree_threshold(lp.numpy(), ids.numpy(), 40, capacity=CAPACITY)
+    roomy = build_tree_threshold(lp.numpy(), ids.numpy(), 40, capacity=CAPACITY, min_budget=1)
     assert roomy.method == "threshold"
     assert_same_tree(roomy, lp, ids, 40)
 
@@ -131,10 +132,10 @@ def test_exact_ties_at_the_bound_beyond_the_capacity_fall_back():
     lp = torch.full((3, 64), -1.0)
     lp[0, 0] = 0.0
     ids = torch.arange(64).repeat(3, 1)
-    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 64, capacity=100)
+    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 64, capacity=100, min_budget=1)
     assert tree.method == "sequential"
     assert_same_tree(tree, lp, ids, 64)
-    assert build_tree_threshold(lp.numpy(), ids.numpy(), 64, capacity=128).method == "threshold"
+    assert build_tree_threshold(lp.numpy(), ids.numpy(), 64, capacity=128, min_budget=1).method == "threshold"
 
 
 @pytest.mark.parametrize("bad", ["increasing", "positive", "nan"])
@@ -148,7 +149,7 @@ def test_rows_the_threshold_path_cannot_order_take_the_sequential_loop(bad):
         lp[1, 1] = float("nan")
     ids = torch.arange(6).reshape(2, 3)
     assert not rows_allow_threshold(lp.numpy())
-    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 5)
+    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 5, min_budget=1)
     assert tree.method == "sequential"
     if bad != "nan":  # NaN has no defined order; only the path decision matters
         assert_same_tree(tree, lp, ids, 5)
@@ -157,9 +158,18 @@ def test_rows_the_threshold_path_cannot_order_take_the_sequential_loop(bad):
 def test_only_the_first_k_columns_are_checked_and_used():
     lp = torch.tensor([[-0.1, -0.2, 5.0], [-0.3, -0.4, float("nan")]])
     ids = torch.arange(6).reshape(2, 3)
-    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 2)
+    tree = build_tree_threshold(lp.numpy(), ids.numpy(), 2, min_budget=1)
     assert tree.method == "threshold"
     assert_same_tree(tree, lp, ids, 2)
+
+
+def test_budgets_below_the_kernel_cutover_take_the_sequential_loop():
+    generator = torch.Generator().manual_seed(6)
+    lp, ids = make_topk(15, 5000, 256, "spine", generator)
+    for budget, method in ((THRESHOLD_MIN_BUDGET - 1, "sequential"), (THRESHOLD_MIN_BUDGET, "threshold")):
+        tree = build_tree_threshold(lp[:, :budget].numpy(), ids[:, :budget].numpy(), budget)
+        assert tree.method == method
+        assert_same_tree(tree, lp[:, :budget], ids[:, :budget], budget)
 
 
 def test_root_only_trees_and_argument_errors():
