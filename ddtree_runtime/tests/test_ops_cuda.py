@@ -238,7 +238,7 @@ def confident_drafter_topk(batch: int, k: int, seed: int) -> tuple[torch.Tensor,
     return depth_log_probs(logits.to(torch.bfloat16).float(), k)
 
 
-def test_threshold_path_on_a_confident_drafter_at_every_benchmark_budget():
+def test_trees_of_a_confident_drafter_at_every_benchmark_budget():
     lp, ids = confident_drafter_topk(4, 1024, seed=21)
     assert_tree_equal(lp, ids, [16, 64, 256, 1024], 1024)
     for budget in (16, 64, 256):
