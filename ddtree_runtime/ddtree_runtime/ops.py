@@ -210,8 +210,9 @@ def build_tree_from_topk(
     """Best-first trees from ``[B, L, K]`` arrays in rank order (``k_b = min(budget_b, K)``), padded to
     ``max_budget``. Tensor budgets outside ``[0, max_budget]`` are clamped (checking would read the device).
 
-    The kernels assume what :func:`topk_log_probs` produces: log-probabilities ``<= 0``, nonincreasing in
-    rank, no NaN.
+    No NaN. The kernel's parallel path (budgets >= 96) needs what :func:`topk_log_probs` produces: rows
+    nonincreasing in rank and ``<= 0``; a request whose rows are not takes the sequential path in the same
+    launch, with the same result.
     """
     if log_probs.dim() != 3 or log_probs.shape != ids.shape:
         raise ValueError("log_probs and ids must both be [B, L, K]")
