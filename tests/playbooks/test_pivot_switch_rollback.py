@@ -1,9 +1,9 @@
 """A new release that fails after the old server was stopped is rolled back automatically: the NEXTN baseline serves
-again (EAGLE, healthy), the play fails saying what failed and that the baseline is back, and the report says so."""
+again (EAGLE, healthy), the play fails saying what failed and that the baseline is back, and the report says so.
+(A release below the acceptance gate takes the same path; the sglang_release molecule scenario covers it.)"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import labctl
@@ -60,15 +60,4 @@ def test_release_that_never_becomes_healthy_is_rolled_back(
     assert "Its log ends:" in failure and "SafetensorError" in failure, failure  # the cause, from its log
     # The earlier phases ran (the preflight does not read weights), and nothing on the training side changed.
     assert run.phase_names()[-3:] == ["training_gpu_release", "install_ddtree_runtime", "switch_service"]
-    pivotlab.assert_training_untouched(no_training, pivotlab.training_state())
-
-
-def test_acceptance_below_the_gate_is_rolled_back(no_training: pivotlab.Training, baseline: pivotlab.Serving) -> None:
-    run = pivotlab.run_playbook("pivot.yml", "pivot_ddtree_min_accept_length=50")
-
-    assert_rolled_back(run, baseline, "ddtree-d16-b64-k8")
-    failure = " ".join(run.phase("switch_service")["findings"]["failure"].split())
-    assert re.match(r"Acceptance length [0-9.]+ is below the gate 50(\.0)? ", failure), failure
-    measured = float(failure.split()[2])
-    assert 1.0 <= measured < 50, "the gate compared a real acceptance length"
     pivotlab.assert_training_untouched(no_training, pivotlab.training_state())
