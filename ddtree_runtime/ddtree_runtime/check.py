@@ -93,27 +93,12 @@ def check_tree() -> Check:
 
 
 def check_ddtree_decode() -> Check:
-    from ddtree_runtime.reference import (  # noqa: PLC0415
-        DFlashConfig,
-        DFlashDrafter,
-        Qwen3Config,
-        SpeculativeDecoder,
-        build_target_layer_ids,
-        random_dflash,
-        random_qwen3,
-    )
+    from ddtree_runtime.reference.tiny import tiny_decoder, tiny_pair  # noqa: PLC0415
     from ddtree_runtime.sampling import SamplingParams  # noqa: PLC0415
 
     device = best_device()
-    vocab, layers = 64, 4
-    target_config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    drafter_config = DFlashConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, block_size=16,
-                                  target_layer_ids=build_target_layer_ids(layers, 2), mask_token_id=vocab - 1)
-    target = random_qwen3(target_config, seed=1, std=0.3).to(device)
-    drafter = random_dflash(drafter_config, seed=2, std=0.3).to(device)
-    decoder = SpeculativeDecoder(target, DFlashDrafter(drafter, target))
+    target, drafter = tiny_pair(vocab=64, seed=1)
+    decoder = tiny_decoder(target.to(device), drafter.to(device))
     params = SamplingParams(temperature=0.0, max_new_tokens=24)
     prompt = [3, 17, 5, 9, 30, 2]
     reference = decoder.generate(prompt, params, "ar").tokens

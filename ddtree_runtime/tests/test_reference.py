@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from conftest import TARGET_LAYERS, tiny_drafter_config, tiny_target_config
 from ddtree_runtime.reference import (
     DFlashConfig,
     DFlashDrafter,
@@ -18,6 +17,7 @@ from ddtree_runtime.reference import (
     save_dflash,
     save_qwen3,
 )
+from ddtree_runtime.reference.tiny import TINY_TARGET_LAYERS, tiny_drafter_config, tiny_target_config
 from ddtree_runtime.tree import build_tree
 
 
@@ -27,7 +27,7 @@ def hf_qwen3(tmp_path):
         vocab_size=48,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=TARGET_LAYERS,
+        num_hidden_layers=TINY_TARGET_LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
@@ -45,7 +45,7 @@ def test_loads_a_transformers_qwen3_checkpoint_and_matches_its_logits_and_hidden
     ids = torch.tensor([3, 17, 5, 40, 2, 9, 11])
     with torch.no_grad():
         expected = reference(ids[None], output_hidden_states=True)
-    layers = list(range(TARGET_LAYERS))
+    layers = list(range(TINY_TARGET_LAYERS))
     out = ours(ids, torch.arange(len(ids)), ours.new_cache(), capture_layers=layers)
     assert torch.allclose(out.logits, expected.logits[0], atol=1e-5)
     expected_features = torch.cat([expected.hidden_states[i + 1][0] for i in layers], dim=-1)

@@ -18,15 +18,7 @@ import time
 
 import torch
 
-from ddtree_runtime.reference import (
-    DFlashConfig,
-    DFlashDrafter,
-    Qwen3Config,
-    SpeculativeDecoder,
-    build_target_layer_ids,
-    random_dflash,
-    random_qwen3,
-)
+from ddtree_runtime.reference.tiny import tiny_decoder, tiny_pair
 from ddtree_runtime.sampling import SamplingParams
 from ddtree_runtime.tree import (
     build_tree,
@@ -86,16 +78,8 @@ def check_trees(device: torch.device) -> None:
 
 
 def check_decoding(device: torch.device) -> None:
-    vocab, layers = 64, 4
-    target = random_qwen3(
-        Qwen3Config(vocab, 32, 64, layers, 4, 2, 8), seed=1, std=0.3
-    ).to(device)
-    drafter_config = DFlashConfig(
-        vocab, 32, 64, 2, 4, 2, 8, block_size=16, target_layer_ids=build_target_layer_ids(layers, 2),
-        mask_token_id=vocab - 1, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
-    )
-    drafter = random_dflash(drafter_config, seed=2, std=0.3).to(device)
-    decoder = SpeculativeDecoder(target, DFlashDrafter(drafter, target))
+    target, drafter = tiny_pair(vocab=64, seed=1, sliding=True)
+    decoder = tiny_decoder(target.to(device), drafter.to(device))
     params = SamplingParams(max_new_tokens=48)
     for prompt in ([3, 17, 5], [1] * 20, list(range(40))):
         expected = decoder.generate(prompt, params, "ar").tokens

@@ -1,0 +1,40 @@
+"""Tiny random target + DFlash drafter pairs: for the self-check, the device smoke test and the unit tests.
+
+Weights are deterministic from the seed (the drafter uses seed + 1); std 0.3 makes the target's distributions
+peaked enough that greedy continuations are far from ties.
+"""
+
+from __future__ import annotations
+
+from ddtree_runtime.reference.decoding import DFlashDrafter, SpeculativeDecoder
+from ddtree_runtime.reference.dflash import DFlashConfig, DFlashDraftModel, build_target_layer_ids, random_dflash
+from ddtree_runtime.reference.qwen3 import Qwen3Config, Qwen3ForCausalLM, random_qwen3
+
+TINY_TARGET_LAYERS = 4
+
+
+def tiny_target_config(vocab: int = 32) -> Qwen3Config:
+    return Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=TINY_TARGET_LAYERS,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+
+
+def tiny_drafter_config(vocab: int = 32, block_size: int = 16, sliding: bool = False) -> DFlashConfig:
+    """Two layers reading two target layers; ``sliding`` makes the first one sliding-window (window 8)."""
+    return DFlashConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, block_size=block_size,
+                        target_layer_ids=build_target_layer_ids(TINY_TARGET_LAYERS, 2), mask_token_id=vocab - 1,
+                        layer_types=["sliding_attention", "full_attention"] if sliding else [],
+                        sliding_window=8 if sliding else None)
+
+
+def tiny_pair(
+    vocab: int = 32, seed: int = 0, std: float = 0.3, sliding: bool = False
+) -> tuple[Qwen3ForCausalLM, DFlashDraftModel]:
+    """A random target and drafter in float32 on the CPU (move or cast them as needed)."""
+    target = random_qwen3(tiny_target_config(vocab), seed, std=std)
+    drafter = random_dflash(tiny_drafter_config(vocab, sliding=sliding), seed + 1, std=std)
+    return target, drafter
+
+
+def tiny_decoder(target: Qwen3ForCausalLM, drafter: DFlashDraftModel) -> SpeculativeDecoder:
+    return SpeculativeDecoder(target, DFlashDrafter(drafter, target))
