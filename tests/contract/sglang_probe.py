@@ -11,6 +11,12 @@
 - ``hooks``: the hook targets after ``load_plugins()`` are the plugin's wrappers, and the worker class;
 - ``greedy-verify SEED``: SGLang's Triton greedy tree-verify kernel (interpreter mode, CPU) on trees laid out
   by ddtree_runtime, against ddtree_runtime's reference walk.
+
+``python sglang_probe.py serve`` imports SGLang's heavy modules once (about 9 s), then answers one request per stdin
+line (``{"command", "args", "env"}``) with one stdout line (``{"rc", "stdout", "stderr"}``). Each request runs in a
+child forked for it with exactly the requested environment, before any plugin is loaded, so cases stay as isolated
+as separate interpreters; only the import time is shared. Start it with ``TRITON_INTERPRET=1``: Triton reads that
+when a kernel module is imported, not when the kernel runs.
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ import itertools
 import json
 import os
 import sys
+import tempfile
+import traceback
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, BinaryIO
+
+# What every command imports first and what costs the seconds; none of it loads plugins or reads DDTREE_*.
+PRELOADED_MODULES = ("torch", "sglang.srt.server_args", "sglang.srt.speculative.spec_info", "sglang.srt.plugins",
+                     "sglang.srt.arg_groups.overrides", "sglang.srt.speculative.dflash_worker_v2")
 
 
 def _loaded() -> Any:
@@ -157,10 +169,7 @@ COMMANDS = {"plugins": cmd_plugins, "plugins-as": cmd_plugins_as, "parse": cmd_p
             "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks, "greedy-verify": cmd_greedy_verify}
 
 
-def main() -> int:
-    command, rest = sys.argv[1], sys.argv[2:]
-    if rest[:1] == ["--"]:
-        rest = rest[1:]
+def run_command(command: str, rest: list[str]) -> int:
     real_stdout = os.dup(1)
     os.dup2(2, 1)  # SGLang and plugins may print; keep stdout for the one JSON line
     try:
@@ -168,8 +177,69 @@ def main() -> int:
     finally:
         sys.stdout.flush()
         os.dup2(real_stdout, 1)
+        os.close(real_stdout)
     print(json.dumps(result))
     return 0
+
+
+def exit_code(exc: SystemExit) -> int:
+    """What the interpreter would exit with for ``exc`` (argparse exits 2; ``sys.exit("text")`` prints and exits 1)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def run_in_child(request: dict[str, Any], stdout: BinaryIO, stderr: BinaryIO) -> None:
+    """The forked child's whole life: the request's environment and output files, the command, then ``_exit``."""
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.dup2(stdout.fileno(), 1)
+    os.dup2(stderr.fileno(), 2)
+    try:
+        code = run_command(request["command"], list(request["args"]))
+    except SystemExit as exc:
+        code = exit_code(exc)
+    except BaseException:  # a child reports every failure as a traceback and exit 1, as python would
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        pid = os.fork()
+        if pid == 0:
+            run_in_child(request, stdout, stderr)
+        _, status = os.waitpid(pid, 0)
+        stdout.seek(0)
+        stderr.seek(0)
+        return {"rc": os.waitstatus_to_exitcode(status), "stdout": stdout.read().decode(errors="replace"),
+                "stderr": stderr.read().decode(errors="replace")}
+
+
+def serve() -> int:
+    import importlib
+
+    for module in PRELOADED_MODULES:
+        importlib.import_module(module)
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # only replies go to the real stdout
+    print(json.dumps({"ready": True}), file=replies, flush=True)
+    for line in sys.stdin:
+        print(json.dumps(answer(json.loads(line))), file=replies, flush=True)
+    return 0
+
+
+def main() -> int:
+    command, rest = sys.argv[1], sys.argv[2:]
+    if command == "serve":
+        return serve()
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    return run_command(command, rest)
 
 
 if __name__ == "__main__":
