@@ -37,7 +37,7 @@ find_python() {
     local v
     v=$("$c" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
     if [[ "$v" =~ ^${want}$ ]]; then echo "$v $c"; fi
-  done | sort -t. -k2,2nr | head -n1 | cut -d' ' -f2
+  done | sort -s -t. -k2,2nr | head -n1 | cut -d' ' -f2
 }
 
 # make_venv DIR PYTHON REQUIREMENTS: (re)creates DIR when the requirements file changed.
@@ -114,13 +114,21 @@ sglang_venv() {
   echo "$stamp" > .venv-sglang/.pivot-stamp
 }
 
+# The venvs are independent of each other: build them at once (pip mostly waits on the network and the disk).
+build_venvs() {
+  local pids=() failed=() i
+  for i in "$@"; do "$i" & pids+=($!); done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed+=("${*:$((i + 1)):1}"); done
+  [ ${#failed[@]} -eq 0 ] || die "set-up failed in: ${failed[*]} (its messages are above)"
+}
+
 what=${1:-all}
 case "$what" in
   debian) install_debian_packages ;;
   controller) controller_venv ;;
   runtime) runtime_venv ;;
   sglang) sglang_venv ;;
-  lab) install_debian_packages; controller_venv; runtime_venv ;;
-  all) install_debian_packages; controller_venv; runtime_venv; sglang_venv ;;
+  lab) install_debian_packages; build_venvs controller_venv runtime_venv ;;
+  all) install_debian_packages; build_venvs controller_venv runtime_venv sglang_venv ;;
   *) die "usage: lab/setup.sh [all|lab|debian|controller|runtime|sglang]" ;;
 esac
