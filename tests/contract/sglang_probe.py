@@ -213,7 +213,7 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
         pid = os.fork()
         if pid == 0:
             run_in_child(request, stdout, stderr)
-        _, status = os.waitpid(pid, 0)
+        status = os.waitpid(pid, 0)[1]
         stdout.seek(0)
         stderr.seek(0)
         return {"rc": os.waitstatus_to_exitcode(status), "stdout": stdout.read().decode(errors="replace"),

@@ -23,7 +23,8 @@ def nspawn_pids() -> list[int]:
     machine's init reaps them, which some inits do late (CI's did: 6 found where 3 run)."""
     lines = labctl.run(["pgrep", "-a", "-x", "systemd-nspawn"]).stdout.splitlines()
     found = (line.partition(" ") for line in lines)
-    return [int(pid) for pid, _, args in found if str(labctl.STATE) in args and not labctl.is_zombie(int(pid))]
+    return [int(pid) for pid, _space, args in found
+            if str(labctl.STATE) in args and not labctl.is_zombie(int(pid))]
 
 
 def test_down_leaves_nothing_after_a_normal_run() -> None:
