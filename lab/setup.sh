@@ -116,9 +116,9 @@ sglang_venv() {
 
 # The venvs are independent of each other: build them at once (pip mostly waits on the network and the disk).
 build_venvs() {
-  local pids=() failed=() i
-  for i in "$@"; do "$i" & pids+=($!); done
-  for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed+=("${*:$((i + 1)):1}"); done
+  local steps=("$@") pids=() failed=() i
+  for i in "${!steps[@]}"; do "${steps[$i]}" & pids[i]=$!; done
+  for i in "${!steps[@]}"; do wait "${pids[$i]}" || failed+=("${steps[$i]}"); done
   [ ${#failed[@]} -eq 0 ] || die "set-up failed in: ${failed[*]} (its messages are above)"
 }
 
