@@ -75,7 +75,10 @@ def test_the_init_is_the_child_running_systemd_not_an_earlier_child(
 ) -> None:
     nspawn = start_fake_nspawn(["/bin/sleep", str(fake_init)])
     stand_ins.append(nspawn)
-    earlier, init = wait_for_children(nspawn.pid, 2)
+    children = wait_for_children(nspawn.pid, 2)
+    # By name, not by PID order (PIDs wrap around).
+    [init] = [pid for pid in children if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd"]
+    [earlier] = [pid for pid in children if pid != init]
     (state_dir / "hosts" / "pve" / "nspawn.pid").write_text(f"{nspawn.pid}\n")
 
     status = lab_status(state_dir)
