@@ -24,11 +24,19 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in labctl.run(["pgrep", "-P", str(pid)]).stdout.split()]
 
 
+def command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def wait_for_children(pid: int, count: int) -> list[int]:
+    """The stand-in's children once ``count`` of them exist and each has exec'd its program (no longer bash)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         found = children_of(pid)
-        if len(found) >= count:
+        if len(found) >= count and all(command_name(child) not in ("", "bash") for child in found):
             return found
         time.sleep(0.02)
     raise AssertionError(f"the stand-in nspawn {pid} never had {count} children")
@@ -77,7 +85,7 @@ def test_the_init_is_the_child_running_systemd_not_an_earlier_child(
     stand_ins.append(nspawn)
     children = wait_for_children(nspawn.pid, 2)
     # By name, not by PID order (PIDs wrap around).
-    [init] = [pid for pid in children if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd"]
+    [init] = [pid for pid in children if command_name(pid) == "systemd"]
     [earlier] = [pid for pid in children if pid != init]
     (state_dir / "hosts" / "pve" / "nspawn.pid").write_text(f"{nspawn.pid}\n")
 
