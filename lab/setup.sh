@@ -17,7 +17,7 @@ apt_packages=(openssh-server openssh-client systemd-container mmdebstrap iproute
 install_debian_packages() {
   local missing=()
   for p in "${apt_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   say "installing Debian packages: ${missing[*]}"
@@ -37,7 +37,7 @@ find_python() {
     local v
     v=$("$c" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
     if [[ "$v" =~ ^${want}$ ]]; then echo "$v $c"; fi
-  done | sort -s -t. -k2,2nr | head -n1 | cut -d' ' -f2
+  done | sort -s -t. -k2,2nr | sed -n '1s/^[^ ]* //p'
 }
 
 # make_venv DIR PYTHON REQUIREMENTS: (re)creates DIR when the requirements file changed.
@@ -61,7 +61,11 @@ controller_venv() {
 ansible-core 2.21 needs Python >= 3.12; on Python 3.11 pip would silently install ansible-core 2.19.
 Install one, e.g. 'pyenv install 3.13', and run this again."
   make_venv .venv "$py" requirements/controller.txt
-  .venv/bin/ansible --version | head -n1 | grep -q 'core 2.21' || die ".venv does not have ansible-core 2.21"
+  # Read the whole output before matching: a reader that stops early (head, grep -q) makes
+  # ansible die of a broken pipe and, under pipefail, fails a good venv.
+  local version
+  version=$(.venv/bin/ansible --version) || die ".venv/bin/ansible --version failed (output above)"
+  [[ "${version%%$'\n'*}" == *"core 2.21"* ]] || die ".venv does not have ansible-core 2.21 (it says: ${version%%$'\n'*})"
   # ansible finds this checkout as the collection pivot.ops through .cache/collections.
   mkdir -p .cache/collections/ansible_collections/pivot
   ln -sfn ../../../.. .cache/collections/ansible_collections/pivot/ops
