@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from ddtree_runtime.reference.cache import KVCache
-from ddtree_runtime.reference.checkpoint import load_safetensors_dir, save_safetensors
-from ddtree_runtime.reference.layers import GatedMLP, RMSNorm, RotaryTable, apply_rope, attend
+from ddtree_runtime.reference.checkpoint import fill_random_, load_safetensors_dir, load_state_exactly, save_safetensors
+from ddtree_runtime.reference.layers import PreNormLayer, QKNormProjections, RMSNorm, RotaryTable
 from ddtree_runtime.reference.qwen3 import rope_theta_from
 
 SLIDING = "sliding_attention"
@@ -139,25 +139,13 @@ class DFlashConfig:
         return self.layer_types[layer] if self.layer_types else FULL
 
 
-class DFlashAttention(nn.Module):
+class DFlashAttention(QKNormProjections):
     def __init__(self, config: DFlashConfig, layer: int) -> None:
-        super().__init__()
-        d = config.head_dim
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = d
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * d, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps)
-        self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        super().__init__(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                         config.head_dim, config.rms_norm_eps)
         sliding = config.layer_type(layer) == SLIDING
         self.is_causal = sliding if config.is_causal is None else bool(config.is_causal)
         self.window = config.sliding_window if sliding else None
-
-    def heads(self, x: torch.Tensor, count: int) -> torch.Tensor:
-        return x.reshape(x.shape[0], count, self.head_dim).transpose(0, 1)
 
     def visibility(self, query_count: int, key_count: int, device: torch.device) -> torch.Tensor | None:
         if not self.is_causal and self.window is None:
@@ -183,22 +171,15 @@ class DFlashAttention(nn.Module):
     ) -> torch.Tensor:
         cos, sin = cos_sin
         ctx_len = context.shape[0]
-        q = apply_rope(self.q_norm(self.heads(self.q_proj(block), self.num_heads)), cos[ctx_len:], sin[ctx_len:])
-        both = torch.cat([context, block], dim=0)
-        k = apply_rope(self.k_norm(self.heads(self.k_proj(both), self.num_kv_heads)), cos, sin)
-        v = self.heads(self.v_proj(both), self.num_kv_heads)
-        keys, values = cache.extend(layer, k, v)
-        allowed = self.visibility(block.shape[0], keys.shape[1], block.device)
-        return self.o_proj(attend(q, keys, values, allowed, self.head_dim**-0.5))
+        q = self.queries(block, cos[ctx_len:], sin[ctx_len:])
+        keys, values = cache.extend(layer, *self.keys_values(torch.cat([context, block], dim=0), cos, sin))
+        return self.output(q, keys, values, self.visibility(block.shape[0], keys.shape[1], block.device))
 
 
-class DFlashLayer(nn.Module):
+class DFlashLayer(PreNormLayer):
     def __init__(self, config: DFlashConfig, layer: int) -> None:
-        super().__init__()
-        self.self_attn = DFlashAttention(config, layer)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        super().__init__(DFlashAttention(config, layer), config.hidden_size, config.intermediate_size,
+                         config.rms_norm_eps)
 
     def forward(
         self,
@@ -209,7 +190,7 @@ class DFlashLayer(nn.Module):
         layer: int,
     ) -> torch.Tensor:
         block = block + self.self_attn(self.input_layernorm(block), context, cos_sin, cache, layer)
-        return block + self.mlp(self.post_attention_layernorm(block))
+        return self.feed_forward(block)
 
 
 class DFlashDraftModel(nn.Module):
@@ -276,22 +257,13 @@ def load_dflash(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     if architectures and not any("DFlash" in a for a in architectures):
         raise ValueError(f"{directory} is not a DFlash drafter (architectures={architectures})")
     model = DFlashDraftModel(DFlashConfig.from_dict(raw))
-    state = load_safetensors_dir(directory)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint mismatch in {directory}: missing={missing} unexpected={unexpected}")
+    load_state_exactly(model, load_safetensors_dir(directory), directory)
     return model.to(dtype=dtype, device=device).eval()
 
 
 def random_dflash(config: DFlashConfig, seed: int, std: float = 0.02) -> DFlashDraftModel:
-    generator = torch.Generator().manual_seed(seed)
     model = DFlashDraftModel(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    fill_random_(model, seed, std)
     return model.eval()
 
 

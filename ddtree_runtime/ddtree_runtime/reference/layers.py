@@ -36,6 +36,51 @@ class GatedMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class QKNormProjections(nn.Module):
+    """Qwen3's attention projections: q/k/v/o without bias, RMSNorm on each query and key head."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def heads(self, x: torch.Tensor, count: int) -> torch.Tensor:
+        return x.reshape(x.shape[0], count, self.head_dim).transpose(0, 1)
+
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(self.q_norm(self.heads(self.q_proj(x), self.num_heads)), cos, sin)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = apply_rope(self.k_norm(self.heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        return keys, self.heads(self.v_proj(x), self.num_kv_heads)
+
+    def output(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.o_proj(attend(q, keys, values, allowed, self.head_dim**-0.5))
+
+
+class PreNormLayer(nn.Module):
+    """A decoder layer's parts around its attention: input norm, post-attention norm, gated MLP."""
+
+    def __init__(self, attention: nn.Module, hidden_size: int, intermediate_size: int, eps: float) -> None:
+        super().__init__()
+        self.self_attn = attention
+        self.mlp = GatedMLP(hidden_size, intermediate_size)
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 class RotaryTable:
     """Default (unscaled) RoPE: ``cos/sin [T, head_dim]`` for integer positions."""
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ddtree_runtime.reference.cache import KVCache
-from ddtree_runtime.reference.checkpoint import load_safetensors_dir, save_safetensors
-from ddtree_runtime.reference.layers import GatedMLP, RMSNorm, RotaryTable, apply_rope, attend, causal_allowed
+from ddtree_runtime.reference.checkpoint import fill_random_, load_safetensors_dir, load_state_exactly, save_safetensors
+from ddtree_runtime.reference.layers import PreNormLayer, QKNormProjections, RMSNorm, RotaryTable, causal_allowed
 
 
 def rope_theta_from(config: dict[str, Any]) -> float:
@@ -100,22 +100,10 @@ class TargetOutput:
     """``[T, len(layers) * H]``: concatenated outputs of the captured decoder layers, or None."""
 
 
-class Qwen3Attention(nn.Module):
+class Qwen3Attention(QKNormProjections):
     def __init__(self, config: Qwen3Config) -> None:
-        super().__init__()
-        d = config.head_dim
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = d
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * d, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps)
-        self.k_norm = RMSNorm(d, config.rms_norm_eps)
-
-    def heads(self, x: torch.Tensor, count: int) -> torch.Tensor:
-        return x.reshape(x.shape[0], count, self.head_dim).transpose(0, 1)
+        super().__init__(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                         config.head_dim, config.rms_norm_eps)
 
     def forward(
         self,
@@ -126,20 +114,14 @@ class Qwen3Attention(nn.Module):
         allowed: torch.Tensor,
     ) -> torch.Tensor:
         cos, sin = cos_sin
-        q = apply_rope(self.q_norm(self.heads(self.q_proj(x), self.num_heads)), cos, sin)
-        k = apply_rope(self.k_norm(self.heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
-        v = self.heads(self.v_proj(x), self.num_kv_heads)
-        keys, values = cache.extend(layer, k, v)
-        return self.o_proj(attend(q, keys, values, allowed, self.head_dim**-0.5))
+        q = self.queries(x, cos, sin)
+        keys, values = cache.extend(layer, *self.keys_values(x, cos, sin))
+        return self.output(q, keys, values, allowed)
 
 
-class Qwen3Layer(nn.Module):
+class Qwen3Layer(PreNormLayer):
     def __init__(self, config: Qwen3Config) -> None:
-        super().__init__()
-        self.self_attn = Qwen3Attention(config)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        super().__init__(Qwen3Attention(config), config.hidden_size, config.intermediate_size, config.rms_norm_eps)
 
     def forward(
         self,
@@ -150,7 +132,7 @@ class Qwen3Layer(nn.Module):
         allowed: torch.Tensor,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos_sin, cache, layer, allowed)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.feed_forward(x)
 
 
 class Qwen3Inner(nn.Module):
@@ -236,25 +218,17 @@ def load_qwen3(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     config = Qwen3Config.from_dict(json.loads((directory / "config.json").read_text()))
     model = Qwen3ForCausalLM(config)
     state = load_safetensors_dir(directory)
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    allowed_missing = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    if set(missing) - allowed_missing or unexpected:
-        raise ValueError(f"checkpoint mismatch in {directory}: missing={missing} unexpected={unexpected}")
+    tied = frozenset({"lm_head.weight"}) if config.tie_word_embeddings else frozenset()
+    for name in tied:
+        state.pop(name, None)
+    load_state_exactly(model, state, directory, may_be_missing=tied)
     return model.to(dtype=dtype, device=device).eval()
 
 
 def random_qwen3(config: Qwen3Config, seed: int, std: float = 0.02) -> Qwen3ForCausalLM:
     """A Qwen3 with deterministic random weights (normal(0, std), norms at 1)."""
-    generator = torch.Generator().manual_seed(seed)
     model = Qwen3ForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    fill_random_(model, seed, std)
     return model.eval()
 
 
