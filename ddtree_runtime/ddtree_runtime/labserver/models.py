@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -189,26 +190,23 @@ def _publish(directory: Path, write: Any) -> None:
 
 def resolve_target_dir(path: str) -> Path:
     """The directory to load the target from (creating a lab model when the path is not on disk)."""
-    given = Path(path)
-    if (given / "config.json").is_file():
-        return given
-    root = os.environ.get(LAB_ROOT_ENV)
-    if not root:
-        raise FileNotFoundError(f"{path} has no config.json (set {LAB_ROOT_ENV} to serve a random lab model)")
-    directory = lab_dir_for(path, Path(root))
-    if not (directory / "config.json").is_file():
-        seed = lab_seed(path)
 
-        def write(staging: Path) -> None:
-            save_qwen3(random_qwen3(lab_target_config(), seed, std=0.1), staging)
-            marker = {"kind": "target", "production_path": path, "seed": seed, "random_weights": True}
-            (staging / LAB_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    def save_random(seed: int, staging: Path) -> None:
+        save_qwen3(random_qwen3(lab_target_config(), seed, std=0.1), staging)
 
-        _publish(directory, write)
-    return directory
+    return _resolve_model_dir(path, "target", save_random)
 
 
 def resolve_drafter_dir(path: str, target: Qwen3Config) -> Path:
+    """The directory to load the drafter from (creating a lab drafter for ``target`` when not on disk)."""
+
+    def save_random(seed: int, staging: Path) -> None:
+        save_dflash(random_dflash(lab_drafter_config(target), seed, std=0.1), staging)
+
+    return _resolve_model_dir(path, "dflash_drafter", save_random)
+
+
+def _resolve_model_dir(path: str, kind: str, save_random: Callable[[int, Path], None]) -> Path:
     given = Path(path)
     if (given / "config.json").is_file():
         return given
@@ -220,8 +218,8 @@ def resolve_drafter_dir(path: str, target: Qwen3Config) -> Path:
         seed = lab_seed(path)
 
         def write(staging: Path) -> None:
-            save_dflash(random_dflash(lab_drafter_config(target), seed, std=0.1), staging)
-            marker = {"kind": "dflash_drafter", "production_path": path, "seed": seed, "random_weights": True}
+            save_random(seed, staging)
+            marker = {"kind": kind, "production_path": path, "seed": seed, "random_weights": True}
             (staging / LAB_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
         _publish(directory, write)
