@@ -27,7 +27,8 @@ def shell_scripts() -> list[Path]:
 
 
 def pipefail_sources() -> list[Path]:
-    tasks = list((REPO / "roles").rglob("*.yml"))
+    tasks = [p for folder in ("roles", "playbooks", "molecule") for pattern in ("*.yml", "*.j2")
+             for p in (REPO / folder).rglob(pattern)]
     return sorted(p for p in {*shell_scripts(), *tasks} if "pipefail" in p.read_text())
 
 
