@@ -389,6 +389,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.job import (
     protected_pids,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, catches_signal
+from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import parse_systemctl_show
 
 PROC_ROOT = "/proc"
 
@@ -410,15 +411,6 @@ def process_entry(info, reason: str) -> dict:
 
 def process_lines(processes) -> str:
     return "".join("%d %s\n" % (info.pid, info.command) for info in processes)
-
-
-def parse_systemctl_show(output: str) -> dict:
-    values = {}
-    for line in output.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            values[key.strip()] = value.strip()
-    return values
 
 
 class TrainingStop:
