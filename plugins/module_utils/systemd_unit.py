@@ -74,6 +74,10 @@ class UnitStatus:
         }
 
 
+def unit_not_found_message(unit: str) -> str:
+    return "Unit %s does not exist on this host; check the unit name (systemctl list-units)." % unit
+
+
 def show_command(systemctl: str, unit: str) -> list:
     command = [systemctl, "show"]
     for prop in STATE_PROPERTIES:

@@ -190,6 +190,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
     UnitStatus,
     journal_command,
     show_command,
+    unit_not_found_message,
 )
 
 # Polls in a row on which the unit must look stopped before the wait gives up: one look can fall between the
@@ -229,8 +230,7 @@ class HealthWait:
         status = UnitStatus.from_show(out)
         self.result["unit"] = status.as_dict()
         if status.load_state == "not-found":
-            self.module.fail_json(msg="Unit %s does not exist on this host; check the unit name "
-                                      "(systemctl list-units)." % unit, **self.result)
+            self.module.fail_json(msg=unit_not_found_message(unit), **self.result)
         return status
 
     def log_tail(self) -> list:
@@ -247,7 +247,7 @@ class HealthWait:
         )
         self.result["attempts"] += 1
         self.result["http_status"] = status
-        healthy = status in self.params["status_code"]
+        healthy = status in params["status_code"]
         self.result["last_error"] = "" if healthy else error
         return healthy
 
@@ -281,12 +281,8 @@ class HealthWait:
                 self.fail("stopped before it became healthy: systemd will not start it again by itself (after %.0f s)"
                           % self.result["waited"], status)
             if time.monotonic() + self.params["poll_interval"] > deadline:
-                self.fail("did not become healthy within %s s" % format_seconds(self.params["timeout"]), status)
+                self.fail("did not become healthy within %g s" % self.params["timeout"], status)
             time.sleep(self.params["poll_interval"])
-
-
-def format_seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def main() -> None:

@@ -389,7 +389,10 @@ from ansible_collections.pivot.ops.plugins.module_utils.job import (
     protected_pids,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, catches_signal
-from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import parse_systemctl_show
+from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
+    parse_systemctl_show,
+    unit_not_found_message,
+)
 
 PROC_ROOT = "/proc"
 
@@ -462,7 +465,7 @@ class TrainingStop:
             self.fail("systemctl show %s failed (exit %d): %s" % (name, rc, (err or out).strip()), rc=rc)
         values = parse_systemctl_show(out)
         if values.get("LoadState") == "not-found":
-            self.fail("Unit %s does not exist on this host; check the unit name (systemctl list-units)." % name)
+            self.fail(unit_not_found_message(name))
         main_pid = values.get("MainPID", "0")
         return UnitState(
             name=name,
