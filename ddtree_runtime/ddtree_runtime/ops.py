@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 
+from ddtree_runtime.sglang.config import MAX_BUDGET  # the one limit: the plugin's settings refuse larger budgets
 from ddtree_runtime.tree import (
     NO_NODE,
     DraftTreeBatch,
@@ -55,8 +56,6 @@ __all__ = [
     "tree_verify_inputs",
 ]
 
-MAX_BUDGET = 1024
-"""Largest node budget (and per-depth top-K) the kernels support."""
 MAX_DEPTH = 16
 """Deepest tree the kernels support."""
 LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -91,15 +91,28 @@ def cmd_resolve_spec(argv: list[str]) -> dict[str, Any]:
     fields = ("speculative_num_steps", "speculative_eagle_topk", "disable_overlap_schedule",
               "speculative_num_draft_tokens", "max_running_requests", "page_size")
     resolved = {name: resolution_result(args, name) for name in fields}
+    max_draft_tokens = algorithm.resolve_max_speculative_num_draft_tokens(args)
+    # The width hooks read the published config (published in the scheduler from these args; publishing here would
+    # need the model's config on disk, so the probe stands in for that one read). SGLang calls them with either D or
+    # max_speculative_num_draft_tokens() (the crash of the first GPU start was the second).
+    import types
+
+    import sglang.srt.runtime_context as runtime_context
+
+    runtime_context.get_spec = lambda: types.SimpleNamespace(
+        speculative_num_draft_tokens=resolved["speculative_num_draft_tokens"], speculative_algorithm="DDTREE")
+    asked = sorted({resolved["speculative_num_draft_tokens"], max_draft_tokens})
     return {
         "resolved": resolved,
         "predicates": {name: getattr(algorithm, name)() for name in (
             "is_dflash", "is_dflash_family", "supports_target_verify_for_draft", "has_draft_kv", "is_eagle")},
-        "max_draft_tokens": algorithm.resolve_max_speculative_num_draft_tokens(args),
+        "max_draft_tokens": max_draft_tokens,
         "target_verify_width": algorithm.get_num_tokens_per_req_for_target_verify(
             resolved["speculative_num_draft_tokens"], False),
         "draft_verify_width": algorithm.get_num_tokens_per_req_for_target_verify(
             resolved["speculative_num_draft_tokens"], True),
+        "widths_by_argument": {str(n): [algorithm.get_num_tokens_per_req_for_target_verify(n, False),
+                                        algorithm.get_num_tokens_per_req_for_target_verify(n, True)] for n in asked},
     }
 
 

@@ -69,13 +69,19 @@ def test_server_args_handling_sets_what_ddtree_needs(run_probe: ProbeRunner) -> 
                                   "supports_target_verify_for_draft": True, "has_draft_kv": True,
                                   "is_eagle": False}
     assert (spec["max_draft_tokens"], spec["target_verify_width"], spec["draft_verify_width"]) == (65, 65, 16)
+    # SGLang sizes buffers with either D or max(D, W) as the argument: the answer is W (target) / D (drafter)
+    # either way (65 raised "must be in 2..16" in the scheduler on the first GPU start).
+    assert spec["widths_by_argument"] == {"16": [65, 16], "65": [65, 16]}
 
 
 @pytest.mark.parametrize(
     ("extra_args", "env", "message"),
     [
         (["--page-size", "16"], {}, "needs --page-size 1"),
-        (["--attention-backend", "trtllm_mha"], {}, "rejects tree verification"),
+        (["--attention-backend", "trtllm_mha"], {}, "--attention-backend trtllm_mha cannot verify DDTree trees"),
+        (["--attention-backend", "fa3"], {}, "--attention-backend fa3 cannot verify DDTree trees"),
+        (["--linear-attn-verify-backend", "flashinfer"], {}, "--linear-attn-verify-backend flashinfer does not"),
+        ([], {"DDTREE_BUDGET": "2048"}, "DDTREE_BUDGET must be at most 1024"),
         (["--speculative-draft-window-size", "2048"], {}, "speculative-draft-window-size"),
         ([], {"DDTREE_BUDGET": "-1"}, "DDTREE_BUDGET must be a positive integer"),
     ],

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 SUPPORTED_VERSIONS = frozenset({"0.5.23"})
 """Releases whose DFlash V2 worker, registry and hook targets this plugin was written and contract-tested against."""
 
+SUPPORTED_VERSIONS_TEXT = ", ".join(sorted(SUPPORTED_VERSIONS))
+
 MINIMUM_VERSION = (0, 5, 14)
 """First release with ``DFlashWorkerV2`` and sliding-window DFlash drafter layers (0.5.12 added the registry)."""
 
@@ -23,6 +25,8 @@ HOOK_TARGETS = (
     "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
     # The capture-time dummy verify input must have the tree's width and a custom mask.
     "sglang.srt.speculative.spec_info.create_dummy_verify_input",
+    # DFLASH's decode step reserves 2 x D KV slots; a tree verify needs W = budget + 1 from the same start.
+    "sglang.srt.speculative.dflash_info_v2.page_aligned_decode_alloc_lens",
 )
 """Functions the plugin wraps with ``HookRegistry`` (AROUND)."""
 
@@ -82,11 +86,11 @@ def check_version(version: str) -> None:
         minimum = ".".join(map(str, MINIMUM_VERSION))
         raise UnsupportedSGLang(
             f"SGLang {version} is too old for the DDTree plugin: it needs >= {minimum} (DFlashWorkerV2, "
-            f"sliding-window drafter layers) and is validated on {', '.join(sorted(SUPPORTED_VERSIONS))}"
+            f"sliding-window drafter layers) and is validated on {SUPPORTED_VERSIONS_TEXT}"
         )
     if version not in SUPPORTED_VERSIONS:
         raise UnsupportedSGLang(
-            f"SGLang {version} is not a release the DDTree plugin supports ({', '.join(sorted(SUPPORTED_VERSIONS))}): "
+            f"SGLang {version} is not a release the DDTree plugin supports ({SUPPORTED_VERSIONS_TEXT}): "
             "its DFlash worker and hook targets change between releases. Pin SGLang or port and re-validate the plugin."
         )
 

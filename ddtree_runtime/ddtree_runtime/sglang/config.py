@@ -18,6 +18,9 @@ from dataclasses import dataclass
 MAX_DRAFT_TOKENS = 16
 """Largest DFlash block the published drafters are trained with (z-lab b16)."""
 
+MAX_BUDGET = 1024
+"""Largest node budget the tree kernels build (``ddtree_runtime.ops.MAX_BUDGET``); the verify width is ``B + 1``."""
+
 ENV_BUDGET = "DDTREE_BUDGET"
 ENV_TOPK = "DDTREE_TOPK"
 ENV_VERIFY_TOPK = "DDTREE_VERIFY_TOPK"
@@ -84,6 +87,10 @@ def resolve_settings(draft_tokens: int | None, environ: Mapping[str, str] | None
             f"2..{MAX_DRAFT_TOKENS} for DDTREE, got {draft}"
         )
     budget = _parse_positive_int(env, ENV_BUDGET)
+    if budget is not None and budget > MAX_BUDGET:
+        raise DDTreeConfigError(
+            f"{ENV_BUDGET} must be at most {MAX_BUDGET} (the tree kernels' largest tree), got {budget}"
+        )
     verify_topk = _parse_positive_int(env, ENV_VERIFY_TOPK)
     if verify_topk is not None and verify_topk < 2:
         raise DDTreeConfigError(f"{ENV_VERIFY_TOPK} must be >= 2 so attention backends take their tree path")

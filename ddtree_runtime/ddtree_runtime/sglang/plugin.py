@@ -31,13 +31,29 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 """What SGLang's DFLASH handler defaults ``max_running_requests`` to; DDTREE verifies more tokens per request."""
 
-UNSUPPORTED_ATTENTION_BACKENDS = frozenset({"trtllm_mha"})
-"""Backends that reject ``topk > 1`` (the tree path) in 0.5.23."""
+SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
+"""Backends whose TARGET_VERIFY path applies a custom tree mask sized by the verify width in 0.5.23. FA3 (SGLang's
+default on Hopper) and FA4 size their verify buffers with the draft length and index a missing mask in the drafter;
+trtllm_mha rejects ``topk > 1``. Without ``--attention-backend`` DDTREE takes the first of these."""
+
+ATTENTION_BACKEND_FLAGS = (
+    "attention_backend", "prefill_attention_backend", "decode_attention_backend", "speculative_draft_attention_backend",
+)
+
+DEFAULT_LINEAR_ATTN_VERIFY_BACKEND = "triton"
+"""Hybrid (GDN) targets: SGLang's FlashInfer GDN verify refuses tree links (``retrieve_parent_token``)."""
 
 
 def settings_from_args(server_args: Any) -> DDTreeSettings:
     """DDTree settings from a server-args record (or SGLang's resolving view / recorder) and the environment."""
     return resolve_settings(getattr(server_args, "speculative_num_draft_tokens", None))
+
+
+def published_settings() -> DDTreeSettings:
+    """The settings of this server, from SGLang's published speculative config and the environment."""
+    from sglang.srt.runtime_context import get_spec  # noqa: PLC0415 - published only after args resolve
+
+    return resolve_settings(get_spec().speculative_num_draft_tokens)
 
 
 def ddtree_is_active() -> bool:
@@ -63,8 +79,6 @@ def validate_server_args(server_args: Any) -> None:
         _refuse(str(error))
     if getattr(server_args, "speculative_draft_model_path", None) is None:
         _refuse("needs --speculative-draft-model-path (the DFlash drafter)")
-    if int(getattr(server_args, "pp_size", 1) or 1) != 1:
-        _refuse("supports only --pp-size 1 (as DFLASH)")
     device = getattr(server_args, "device", None)
     if device is not None and not str(device).startswith("cuda"):
         _refuse(f"runs on CUDA only, not on device {device!r}")
@@ -73,17 +87,41 @@ def validate_server_args(server_args: Any) -> None:
         _refuse(f"needs --page-size 1 (accepted tree paths are compacted slot by slot), got {page_size}")
     if getattr(server_args, "speculative_draft_window_size", None) is not None:
         _refuse("does not support --speculative-draft-window-size (compact draft KV cache) yet")
-    if getattr(server_args, "attention_backend", None) in UNSUPPORTED_ATTENTION_BACKENDS:
-        _refuse(f"attention backend {server_args.attention_backend} rejects tree verification (topk > 1)")
+    block_size = getattr(server_args, "speculative_dflash_block_size", None)
+    if block_size is not None and int(block_size) != settings.draft_tokens:
+        _refuse("--speculative-dflash-block-size must equal --speculative-num-draft-tokens")
     for flag in ("speculative_use_rejection_sampling", "speculative_use_block_verification"):
         if getattr(server_args, flag, False):
             _refuse(f"--{flag.replace('_', '-')} is chain-only; DDTree verifies by sample-and-match on the tree")
+    _refuse_unsupported_backends(server_args)
+    _refuse_unsupported_parallelism(server_args)
     interval = getattr(server_args, "mamba_track_interval", None)
     strategy = getattr(server_args, "mamba_radix_cache_strategy", None)
     buffered = strategy in ("extra_buffer", "extra_buffer_lazy")
     if buffered and interval is not None and interval < settings.verify_width:
         _refuse(f"mamba_track_interval {interval} is below the verify width {settings.verify_width} "
                 "(DDTREE_BUDGET + 1)")
+
+
+def _refuse_unsupported_backends(server_args: Any) -> None:
+    for flag in ATTENTION_BACKEND_FLAGS:
+        backend = getattr(server_args, flag, None)
+        if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:
+            _refuse(f"--{flag.replace('_', '-')} {backend} cannot verify DDTree trees in SGLang "
+                    f"{compat.SUPPORTED_VERSIONS_TEXT}; use one of {', '.join(SUPPORTED_ATTENTION_BACKENDS)}")
+    verify_backend = getattr(server_args, "linear_attn_verify_backend", None)
+    if verify_backend not in (None, DEFAULT_LINEAR_ATTN_VERIFY_BACKEND):
+        _refuse(f"--linear-attn-verify-backend {verify_backend} does not verify trees (topk > 1); "
+                f"use {DEFAULT_LINEAR_ATTN_VERIFY_BACKEND}")
+
+
+def _refuse_unsupported_parallelism(server_args: Any) -> None:
+    if int(getattr(server_args, "pp_size", 1) or 1) != 1:
+        _refuse("supports only --pp-size 1 (as DFLASH)")
+    if int(getattr(server_args, "attn_dp_size", 1) or 1) > 1 or getattr(server_args, "enable_dp_attention", False):
+        _refuse("does not support data-parallel attention yet (the drafter and the top-k gather assume one DP group)")
+    if int(getattr(server_args, "attn_cp_size", 1) or 1) != 1:
+        _refuse("does not support context parallelism (--attn-cp-size 1)")
 
 
 def handle_server_args(server_args: Any) -> None:
@@ -103,6 +141,13 @@ def handle_server_args(server_args: Any) -> None:
         server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
     if getattr(server_args, "page_size", None) is None:
         server_args.page_size = 1
+    if getattr(server_args, "attention_backend", None) is None:
+        server_args.attention_backend = SUPPORTED_ATTENTION_BACKENDS[0]
+    # The drafter runs its block through the same tree-capable backend (DFLASH's resolver is not called for DDTREE).
+    if getattr(server_args, "speculative_draft_attention_backend", None) is None:
+        server_args.speculative_draft_attention_backend = server_args.attention_backend
+    if getattr(server_args, "linear_attn_verify_backend", None) is None:
+        server_args.linear_attn_verify_backend = DEFAULT_LINEAR_ATTN_VERIFY_BACKEND
 
 
 class DDTreeSpecAlgo(CustomSpecAlgo):
@@ -130,9 +175,13 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         return max(settings.draft_tokens, settings.verify_width)
 
     def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
-        if is_draft_worker:
-            return num_draft_tokens
-        return resolve_settings(num_draft_tokens).verify_width
+        """Rows per request: D for the drafter's block, W for the target's verify.
+
+        SGLang passes either D or ``max_speculative_num_draft_tokens()`` (= max(D, W)) here depending on the
+        caller, so the answer comes from the published settings, not from the argument.
+        """
+        settings = published_settings()
+        return settings.draft_tokens if is_draft_worker else settings.verify_width
 
 
 def worker_class(server_args: Any) -> type:
@@ -157,12 +206,36 @@ def _dummy_verify_input_hook(
         return spec_info
     from ddtree_runtime.sglang.worker import DDTreeVerifyInput  # noqa: PLC0415
 
+    _log_capture_width_once(int(num_tokens_per_req))
     return DDTreeVerifyInput.for_graph_capture(custom_mask=custom_mask, width=num_tokens_per_req)
+
+
+_captured_widths: set[int] = set()
+
+
+def _log_capture_width_once(width: int) -> None:
+    if width not in _captured_widths:
+        _captured_widths.add(width)
+        logger.info("DDTree: capturing target-verify CUDA graphs at verify width %d (tree + root)", width)
+
+
+def verify_reservation(reserve: int, settings: DDTreeSettings) -> int:
+    """KV slots to reserve past the committed length per decode step: the drafter writes D, the verify W slots
+    from the same start; DFLASH's double buffer (2x) is kept."""
+    return max(reserve, 2 * max(settings.draft_tokens, settings.verify_width))
+
+
+def _decode_reservation_hook(original: Callable[..., Any], reqs: Any, *, reserve: int, page_size: int) -> Any:
+    """DFLASH reserves 2 x D slots per decode step; a DDTree verify window is W = budget + 1 slots wide."""
+    if ddtree_is_active():
+        reserve = verify_reservation(reserve, published_settings())
+    return original(reqs, reserve=reserve, page_size=page_size)
 
 
 HOOKS: dict[str, Callable[..., Any]] = {
     "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": _mask_policy_hook,
     "sglang.srt.speculative.spec_info.create_dummy_verify_input": _dummy_verify_input_hook,
+    "sglang.srt.speculative.dflash_info_v2.page_aligned_decode_alloc_lens": _decode_reservation_hook,
 }
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ddtree_runtime import ops
 from ddtree_runtime.tree import NO_NODE, DraftTreeBatch, ranked_topk
 
 
@@ -67,6 +68,39 @@ def tree_verify_tensors(
         retrieve_index=links_index,
         retrieve_next_token=links.retrieve_next_token,
         retrieve_next_sibling=links.retrieve_next_sibling,
+    )
+
+
+def compiled_verify_tensors(
+    log_probs: torch.Tensor,
+    ids: torch.Tensor,
+    root_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    seq_lens_sum: int,
+    budget: int,
+) -> TreeVerifyTensors:
+    """The same tensors as :func:`tree_verify_tensors`, built by the CUDA kernels without a host read.
+
+    ``log_probs`` / ``ids`` ``[B, L, K]`` are the per-depth top-k (rank order); every request gets ``budget``
+    nodes and ``W = budget + 1`` slots; ``seq_lens_sum`` is ``sum(seq_lens)`` known on the host (it sizes the
+    flat mask).
+    """
+    batch = int(log_probs.shape[0])
+    width = budget + 1
+    budgets = torch.full((batch,), budget, dtype=torch.long, device=log_probs.device)
+    tree = ops.build_tree_from_topk(log_probs, ids, budgets, max_budget=budget)
+    roots = root_tokens.reshape(-1).to(torch.long)
+    verify = ops.tree_verify_inputs(tree, roots, seq_lens.reshape(-1), mask_numel=width * seq_lens_sum
+                                    + batch * width * width)
+    slots = torch.arange(width, device=log_probs.device)
+    return TreeVerifyTensors(
+        candidates=torch.where(verify.input_ids < 0, roots[:, None].expand(-1, width), verify.input_ids),
+        positions=verify.positions.reshape(-1),
+        custom_mask=verify.flat_mask,
+        retrieve_index=torch.arange(batch, device=log_probs.device)[:, None] * width + slots[None, :],
+        retrieve_next_token=verify.retrieve_next_token,
+        retrieve_next_sibling=verify.retrieve_next_sibling,
     )
 
 

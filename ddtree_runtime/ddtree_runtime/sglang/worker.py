@@ -1,8 +1,8 @@
 """``DDTreeWorker``: SGLang 0.5.23's ``DFlashWorkerV2`` with a DDTree verify instead of the linear block.
 
-NOT RUN HERE: this module needs a CUDA GPU and real weights. It is written against the 0.5.23 source and checked
-on CPU only for importing, subclassing and the names it calls (tests/contract); docs/sglang-plugin.md has the
-validation procedure for the serving host.
+Needs a CUDA GPU. On CPU it is checked for importing, subclassing and the names it calls (tests/contract); on a GPU
+the acceptance suite (``python -m ddtree_runtime.acceptance``) serves with it in stock SGLang and holds its output to
+the non-speculative server's (docs/sglang-plugin.md).
 
 One decode round per batch (prefill, idle and DP-idle rounds are the parent's):
 
@@ -21,13 +21,13 @@ One decode round per batch (prefill, idle and DP-idle rounds are the parent's):
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -37,7 +37,9 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
 from sglang.srt.speculative.eagle_utils import eagle_sample
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
+from ddtree_runtime import ops
 from ddtree_runtime.sglang.config import resolve_settings
 from ddtree_runtime.sglang.tree_inputs import (
     AcceptedPaths,
@@ -45,11 +47,12 @@ from ddtree_runtime.sglang.tree_inputs import (
     accepted_first_order,
     accepted_paths,
     committed_tokens,
+    compiled_verify_tensors,
     local_topk,
     merge_sharded_topk,
     tree_verify_tensors,
 )
-from ddtree_runtime.tree import DraftTreeBatch, build_tree_batch_from_topk
+from ddtree_runtime.tree import build_tree_batch_from_topk
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +90,9 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         )
 
 
-def _tree_builder() -> Any:
-    """``ddtree_runtime.ops.build_tree_batch_from_topk`` when the CUDA extension is built, else the PyTorch path."""
-    if importlib.util.find_spec("ddtree_runtime.ops") is not None:
-        from ddtree_runtime import ops  # noqa: PLC0415 - optional compiled kernels
-
-        if getattr(ops, "extension_available", lambda: False)() and hasattr(ops, "build_tree_batch_from_topk"):
-            return ops.build_tree_batch_from_topk
-    return build_tree_batch_from_topk
+def uses_compiled_kernels() -> bool:
+    """Whether rounds run on ``ddtree_runtime.ops``' CUDA kernels (the extension is built and loads)."""
+    return ops.extension_available()
 
 
 class DDTreeWorker(DFlashWorkerV2):
@@ -104,11 +102,12 @@ class DDTreeWorker(DFlashWorkerV2):
         super().__init__(*args, **kwargs)
         self.ddtree = resolve_settings(int(self.block_size))
         self._refuse_unsupported_drafting()
-        self._build_trees = _tree_builder()
+        self._compiled = uses_compiled_kernels()
         logger.info(
             "DDTree worker: draft length %d, budget %d, top-k cap %s, verify width %d, tree builder %s",
             self.ddtree.draft_tokens, self.ddtree.budget, self.ddtree.max_topk, self.ddtree.verify_width,
-            getattr(self._build_trees, "__module__", "?"),
+            "ddtree_runtime.ops (compiled CUDA kernels)" if self._compiled
+            else f"ddtree_runtime.tree (PyTorch; {ops.extension_error()})",
         )
 
     def _refuse_unsupported_drafting(self) -> None:
@@ -132,21 +131,18 @@ class DDTreeWorker(DFlashWorkerV2):
     ) -> GenerationBatchResult:
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
-        if batch.has_grammar:
-            raise ValueError("DDTREE does not support grammar-constrained requests yet")
         if batch.spec_info is None or not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
         self._validate_phase1_sampling_support(batch)
-        return self._tree_round(batch, on_publish)
+        return self._tree_round(batch, on_publish, grammar_barrier)
 
-    def _tree_round(self, batch: Any, on_publish: Any) -> GenerationBatchResult:
+    def _tree_round(self, batch: Any, on_publish: Any, grammar_barrier: Any = None) -> GenerationBatchResult:
         draft_input = batch.spec_info
         prefix_lens = batch.seq_lens
         bs = len(prefix_lens)
         width = self.ddtree.verify_width
         draft_hidden = self._draft_block_hidden(batch, draft_input.bonus_tokens)
-        trees = self._trees_from_hidden(draft_hidden, bs)
-        tensors = tree_verify_tensors(trees, draft_input.bonus_tokens, prefix_lens, width=width)
+        tensors = self._verify_tensors(draft_hidden, draft_input.bonus_tokens, batch, bs)
         verify_locs = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=self.model_runner.req_to_token_pool.req_to_token,
@@ -157,9 +153,22 @@ class DDTreeWorker(DFlashWorkerV2):
             device=self.device,
         ).view(bs, width)
         seq_lens_pre_verify = batch.seq_lens.clone()
+        # Built before the verify launch so its device-to-host copy overlaps the forward (as EAGLE does).
+        grammar_tree = GrammarTree.from_device(
+            tensors.retrieve_next_token, tensors.retrieve_next_sibling, tensors.candidates
+        ) if batch.has_grammar else None
         logits_output, target_out, verify_input = self._verify(batch, draft_input, tensors, verify_locs)
-        predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output)
+        grammar_mask = None
+        if grammar_tree is not None:
+            grammar_mask = build_grammar_vocab_mask(
+                reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
+                device=logits_output.next_token_logits.device, barrier=grammar_barrier,
+            )
+        predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output, grammar_mask)
         paths = accepted_paths(accept_index, accept_lens - 1, width)
+        if batch.return_logprob:
+            # Rows of the accepted nodes, in path order: the same [B, S] layout as the committed tokens.
+            compute_spec_logprobs(batch, logits_output, predict, accept_index=paths.rows)
         new_seq_lens = prefix_lens + paths.lengths.to(prefix_lens.dtype)
         self._commit_kv(batch, paths, verify_locs)
         if self._need_mamba_verify_commit:
@@ -254,16 +263,24 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---- 2) tree ----------------------------------------------------------------------------------------------
 
-    def _trees_from_hidden(self, draft_hidden: torch.Tensor, bs: int) -> DraftTreeBatch:
-        """Per-depth top-k over the target lm_head (TP-gathered), then the best-first trees."""
+    def _verify_tensors(
+        self, draft_hidden: torch.Tensor, bonus_tokens: torch.Tensor, batch: Any, bs: int
+    ) -> TreeVerifyTensors:
+        """Per-depth top-k over the target lm_head (TP-gathered), then the trees and their verify tensors."""
         depth = self.ddtree.max_depth
         hidden = draft_hidden[:, 1 : depth + 1, :].reshape(bs * depth, -1)
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
         vocab = int(self.model_runner.model_config.vocab_size)
         k = self.ddtree.topk_for_vocab(vocab)
         log_probs, ids = self._global_topk(hidden, lm_head, k)
+        log_probs, ids = log_probs.view(bs, depth, k), ids.view(bs, depth, k)
+        if self._compiled:
+            seq_lens_sum = int(self._host_seq_lens(batch).sum())
+            return compiled_verify_tensors(log_probs, ids, bonus_tokens, batch.seq_lens,
+                                           seq_lens_sum=seq_lens_sum, budget=self.ddtree.budget)
         budgets = torch.full((bs,), self.ddtree.budget, dtype=torch.long, device=log_probs.device)
-        return self._build_trees(log_probs.view(bs, depth, k), ids.view(bs, depth, k), budgets)
+        trees = build_tree_batch_from_topk(log_probs, ids, budgets)
+        return tree_verify_tensors(trees, bonus_tokens, batch.seq_lens, width=self.ddtree.verify_width)
 
     def _global_topk(self, hidden: torch.Tensor, lm_head: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         weight = lm_head.weight
@@ -271,9 +288,13 @@ class DDTreeWorker(DFlashWorkerV2):
         num_org = int(shard.num_org_elements) if shard is not None else int(self.model_runner.model_config.vocab_size)
         offset = int(shard.org_vocab_start_index) if shard is not None else 0
         logits = torch.matmul(hidden.to(weight.dtype), weight[:num_org].T)
-        values, ids, log_z = local_topk(logits, k, offset)
         tp_group = get_parallel().tp_group
         world = int(tp_group.world_size)
+        if world == 1 and self._compiled:
+            # Fused top-k + float32 log-normaliser over [B, L, V], no host read.
+            top = ops.topk_log_probs(logits.view(-1, self.ddtree.max_depth, logits.shape[-1]), k)
+            return top.log_probs.reshape(-1, k), top.ids.reshape(-1, k)
+        values, ids, log_z = local_topk(logits, k, offset)
         if world == 1:
             return merge_sharded_topk([values], [ids], [log_z], k)
         # Every rank gathers every shard's candidates and normaliser, then runs the same merge.

@@ -1,0 +1,48 @@
+"""``python -m ddtree_runtime.acceptance``: the GPU acceptance suite (see :mod:`ddtree_runtime.acceptance`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ddtree_runtime.acceptance.environment import describe_environment, skip_reason
+from ddtree_runtime.acceptance.plan import PLANS, run_plan
+from ddtree_runtime.acceptance.report import write_report
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ddtree_runtime.acceptance", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("acceptance-results"),
+                        help="directory for results.json, results.md and the servers' logs")
+    parser.add_argument("--plan", choices=sorted(PLANS), default="full",
+                        help="which servers and cases to run (default: full)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter that runs sglang.launch_server (default: this one)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--health-timeout", type=float, default=600.0,
+                        help="seconds a server may take to answer /health_generate (first starts compile kernels)")
+    parser.add_argument("--left-out", action="append", default=[],
+                        help="a package SGLang imports that this machine lacks, and why (recorded in the results)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    environment = describe_environment(args.python, args.left_out)
+    reason = skip_reason(environment)
+    if reason is not None:
+        write_report(args.out, environment, results=[], servers=[], skipped=reason)
+        print(f"acceptance: skipped: {reason}")
+        return 0
+    suite = run_plan(args.plan, args.out, args.python, args.max_new_tokens, args.health_timeout)
+    write_report(args.out, environment, results=suite.results, servers=suite.servers, skipped=None)
+    failed = [r for r in suite.results if not r.ok]
+    print(f"acceptance: {len(suite.results) - len(failed)} passed, {len(failed)} failed "
+          f"(results in {args.out / 'results.md'})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

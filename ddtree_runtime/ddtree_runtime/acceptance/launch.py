@@ -1,0 +1,238 @@
+"""Stock ``python -m sglang.launch_server`` as a subprocess: its command line, start, health wait, HTTP, stop by PID.
+
+Every server the suite starts is described by a :class:`ServerSpec`; :func:`server_command` and
+:func:`server_environment` are the one place its command line and environment are made. The plugin is selected the
+way the production unit selects it: ``SGLANG_PLUGINS=ddtree`` in the environment, ``DDTREE_BUDGET`` for the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COMMON_FLAGS: tuple[str, ...] = (
+    "--skip-tokenizer-init",  # the tiny pair has a byte tokenizer, no HF tokenizer: requests carry input_ids
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--dtype", "bfloat16",
+    "--mem-fraction-static", "0.25",
+    "--max-running-requests", "16",
+    "--cuda-graph-max-bs", "16",
+    "--random-seed", "0",
+    "--log-level", "info",
+)
+"""Flags every server of the suite gets (baseline and speculative alike), so outputs are comparable."""
+
+STRICT_MEMORY_CHECK = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+"""SGLang's own idle-time KV/req pool leak check raises instead of warning."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server configuration: ``algorithm`` None is the non-speculative baseline."""
+
+    name: str
+    model_path: Path
+    algorithm: str | None = None
+    draft_model_path: Path | None = None
+    draft_tokens: int | None = None
+    budget: int | None = None
+    cuda_graphs: bool = True
+    extra_flags: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "algorithm": self.algorithm or "none",
+            "draft_tokens": self.draft_tokens,
+            "budget": self.budget,
+            "cuda_graphs": self.cuda_graphs,
+            "extra_flags": list(self.extra_flags),
+            "extra_env": dict(self.extra_env),
+        }
+
+
+def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
+    """The exact argv of ``spec``'s server."""
+    argv = [python, "-m", "sglang.launch_server", "--model-path", str(spec.model_path),
+            "--host", "127.0.0.1", "--port", str(port), *COMMON_FLAGS]
+    if spec.algorithm is not None:
+        argv += ["--speculative-algorithm", spec.algorithm]
+        if spec.draft_model_path is not None:
+            argv += ["--speculative-draft-model-path", str(spec.draft_model_path)]
+        if spec.draft_tokens is not None:
+            argv += ["--speculative-num-draft-tokens", str(spec.draft_tokens)]
+    if not spec.cuda_graphs:
+        argv.append("--disable-cuda-graph")
+    return argv + list(spec.extra_flags)
+
+
+def server_environment(spec: ServerSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` plus what the unit sets for the plugin; other plugins are never loaded (``SGLANG_PLUGINS``)."""
+    env = {key: value for key, value in base.items() if not key.startswith("DDTREE_")}
+    env.update(STRICT_MEMORY_CHECK)
+    env["SGLANG_PLUGINS"] = "ddtree"
+    env["PYTHONUNBUFFERED"] = "1"
+    if spec.budget is not None:
+        env["DDTREE_BUDGET"] = str(spec.budget)
+    env.update(dict(spec.extra_env))
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class ServerError(RuntimeError):
+    """A server did not start, died, or answered with an error; the message carries its last log lines."""
+
+
+@dataclass
+class HttpAnswer:
+    status: int
+    body: Any
+
+
+def http_call(url: str, body: Any = None, timeout: float = 300.0) -> HttpAnswer:
+    """GET (``body`` None) or POST JSON; HTTP errors are answers, not exceptions."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        raw, status = error.read(), error.code
+    try:
+        parsed: Any = json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        parsed = raw.decode(errors="replace")
+    return HttpAnswer(status, parsed)
+
+
+@dataclass
+class Server:
+    """A started server process (its own session, so its children can be found and stopped with it)."""
+
+    spec: ServerSpec
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    command: list[str]
+    started_at: float = field(default_factory=time.monotonic)
+    ready_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout: float) -> float:
+        """Seconds until ``/health_generate`` answered 200; raises when the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerError(f"{self.spec.name}: the server exited with {self.process.returncode} before it "
+                                  f"was healthy; last log lines:\n{self.log_tail()}")
+            try:
+                if http_call(self.url + "/health_generate", timeout=20).status == 200:
+                    self.ready_seconds = time.monotonic() - self.started_at
+                    return self.ready_seconds
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"{self.spec.name}: not healthy within {timeout:g} s; last log lines:\n{self.log_tail()}")
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code if the process ends within ``timeout`` (for servers that must refuse to start)."""
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def call(self, path: str, body: Any = None, timeout: float = 300.0) -> HttpAnswer:
+        if not self.alive():
+            raise ServerError(f"{self.spec.name}: the server died (exit {self.process.returncode}); last log "
+                              f"lines:\n{self.log_tail()}")
+        return http_call(self.url + path, body, timeout)
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the launcher by PID, then SIGKILL what is left of its session (only what this suite started)."""
+        pid = self.process.pid
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            self.wait_exit(grace)
+        deadline = time.monotonic() + grace
+        while _group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if _group_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        if self.alive():
+            self.process.kill()
+        self.process.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_server(spec: ServerSpec, python: str, log_dir: Path, base_env: Mapping[str, str] | None = None) -> Server:
+    """Start ``spec``'s server in its own session, its output in ``log_dir/<name>.log``."""
+    port = free_port()
+    command = server_command(spec, python, port)
+    log_path = log_dir / f"{spec.name}.log"
+    env = server_environment(spec, os.environ if base_env is None else base_env)
+    with log_path.open("wb") as log:
+        log.write((" ".join(command) + "\n").encode())
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Server(spec=spec, port=port, process=process, log_path=log_path, command=command)
+
+
+def generate(server: Server, input_ids: Sequence[Sequence[int]], sampling: Mapping[str, Any],
+             extra: Mapping[str, Any] | None = None, timeout: float = 600.0) -> list[dict[str, Any]]:
+    """One ``/generate`` call for a batch of prompts; returns SGLang's per-prompt answers (``output_ids``,
+    ``meta_info``). An HTTP error raises :class:`ServerError` with the server's answer."""
+    body: dict[str, Any] = {"input_ids": [list(ids) for ids in input_ids], "sampling_params": dict(sampling)}
+    body.update(extra or {})
+    answer = server.call("/generate", body, timeout=timeout)
+    if answer.status != 200:
+        raise ServerError(f"{server.spec.name}: /generate answered {answer.status}: {str(answer.body)[:500]}")
+    if not isinstance(answer.body, list) or len(answer.body) != len(input_ids):
+        raise ServerError(f"{server.spec.name}: /generate returned {type(answer.body).__name__}, expected a list of "
+                          f"{len(input_ids)} answers")
+    return answer.body

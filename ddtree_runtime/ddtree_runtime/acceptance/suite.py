@@ -1,0 +1,338 @@
+"""The acceptance cases: stock SGLang servers started one after another, driven over HTTP, held to the baseline.
+
+Each server is started, used by every case that needs it, and stopped before the next starts (one GPU). Results
+are :class:`CaseResult` lines; equality verdicts that depend on SGLang's own DFLASH (bf16 can make exact equality
+impossible for it too) are settled in :meth:`Suite.settle_equality` once every server has run.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddtree_runtime.acceptance.launch import Server, ServerError, ServerSpec, generate, start_server
+from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, LoadRequest, Prompt, load_mix
+from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two_sample
+
+GREEDY = {"temperature": 0.0, "stop_token_ids": STOP_TOKEN_IDS}
+SAMPLED = {"temperature": 0.7, "top_p": 0.95, "stop_token_ids": STOP_TOKEN_IDS}
+SAMPLING_ALPHA = 1e-3
+"""Per-position false-failure probability of the distribution test (two positions: at most 2e-3 in all)."""
+
+
+@dataclass
+class CaseResult:
+    case: str
+    server: str
+    ok: bool
+    figures: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"case": self.case, "server": self.server, "ok": self.ok, "figures": self.figures,
+                "detail": self.detail}
+
+
+@dataclass
+class GreedyRun:
+    outputs: list[list[int]]
+    completion_tokens: int
+    verify_rounds: int
+    seconds: float
+
+    @property
+    def accept_length(self) -> float | None:
+        return self.completion_tokens / self.verify_rounds if self.verify_rounds else None
+
+
+def output_ids(answer: dict[str, Any]) -> list[int]:
+    ids = answer.get("output_ids")
+    if not isinstance(ids, list):
+        raise ServerError(f"answer without output_ids: {str(answer)[:300]}")
+    return [int(t) for t in ids]
+
+
+def greedy_run(server: Server, prompts: Sequence[Prompt], max_new_tokens: int) -> GreedyRun:
+    started = time.monotonic()
+    answers = generate(server, [p.input_ids for p in prompts], {**GREEDY, "max_new_tokens": max_new_tokens})
+    seconds = time.monotonic() - started
+    outputs = [output_ids(a) for a in answers]
+    metas = [a.get("meta_info", {}) for a in answers]
+    return GreedyRun(outputs=outputs, completion_tokens=sum(int(m.get("completion_tokens", 0)) for m in metas),
+                     verify_rounds=sum(int(m.get("spec_verify_ct", 0) or 0) for m in metas), seconds=seconds)
+
+
+def concurrent_run(server: Server, requests: Sequence[LoadRequest]) -> tuple[list[list[int] | None], list[str]]:
+    """Every request on its own HTTP connection at once; returns outputs (None on error) and the errors."""
+
+    def one(request: LoadRequest) -> list[int]:
+        answer = generate(server, [request.input_ids], {**GREEDY, "max_new_tokens": request.max_new_tokens})
+        return output_ids(answer[0])
+
+    outputs: list[list[int] | None] = []
+    errors: list[str] = []
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        futures = [pool.submit(one, r) for r in requests]
+        for request, future in zip(requests, futures, strict=True):
+            try:
+                outputs.append(future.result())
+            except Exception as error:  # every failure is a finding of the load case
+                outputs.append(None)
+                errors.append(f"{request.name}: {error}")
+    return outputs, errors
+
+
+def sampled_tokens(server: Server, prompt: Prompt, samples: int, positions: int, batch: int = 100) -> list[list[int]]:
+    """``samples`` independent sampled continuations of ``positions`` tokens (requests batched ``batch`` at a time)."""
+    rows: list[list[int]] = []
+    while len(rows) < samples:
+        count = min(batch, samples - len(rows))
+        answers = generate(server, [prompt.input_ids] * count,
+                           {**SAMPLED, "max_new_tokens": positions, "stop_token_ids": []})
+        rows += [output_ids(a) for a in answers]
+    return rows
+
+
+class Suite:
+    def __init__(self, out_dir: Path, python: str, prompts: list[Prompt], max_new_tokens: int,
+                 health_timeout: float) -> None:
+        self.out_dir = out_dir
+        self.python = python
+        self.prompts = prompts
+        self.max_new_tokens = max_new_tokens
+        self.health_timeout = health_timeout
+        self.results: list[CaseResult] = []
+        self.servers: list[dict[str, Any]] = []
+        self.baseline: GreedyRun | None = None
+        self.baseline_load: list[list[int] | None] | None = None
+        self.baseline_samples: list[list[int]] | None = None
+        self.baseline_logprobs: list[dict[str, Any]] | None = None
+        self.load = load_mix(prompts)
+        self.agreements: dict[tuple[str, str], Agreement] = {}
+        """(case, server) -> agreement with the baseline, settled against DFLASH's in :meth:`settle_equality`."""
+        self.accept_lengths: dict[str, float | None] = {}
+        self.run_figures: dict[tuple[str, str], dict[str, Any]] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.prompts]
+
+    def record(self, case: str, server: str, ok: bool, detail: str = "", **figures: Any) -> None:
+        self.results.append(CaseResult(case, server, ok, figures, detail))
+
+    # ---- servers ------------------------------------------------------------------------------------------
+
+    def with_server(self, spec: ServerSpec, body: Callable[[Server], None]) -> None:
+        """Start ``spec``, run ``body`` on it, stop it; a start or body failure is recorded, not raised."""
+        server = start_server(spec, self.python, self.out_dir)
+        entry: dict[str, Any] = {**spec.describe(), "command": server.command, "log": server.log_path.name}
+        self.servers.append(entry)
+        try:
+            entry["ready_seconds"] = round(server.wait_healthy(self.health_timeout), 1)
+            body(server)
+        except Exception as error:
+            self.record("start/run", spec.name, False, f"{type(error).__name__}: {error}")
+        finally:
+            entry["alive_at_end"] = server.alive()
+            server.stop()
+            entry["exit_code"] = server.process.returncode
+
+    def check_identity(self, server: Server, algorithm: str | None) -> None:
+        """``/health_generate`` answered; ``/server_info`` names the algorithm the server was started with."""
+        info = server.call("/server_info").body
+        reported = info.get("speculative_algorithm") if isinstance(info, dict) else None
+        expected = algorithm
+        ok = (reported or None) == expected
+        figures = {"speculative_algorithm": reported, "ready_seconds": server.ready_seconds}
+        if isinstance(info, dict):
+            figures["speculative_num_draft_tokens"] = info.get("speculative_num_draft_tokens")
+            figures["speculative_eagle_topk"] = info.get("speculative_eagle_topk")
+            figures["attention_backend"] = info.get("attention_backend")
+        self.record("2. start + /server_info", server.spec.name, ok,
+                    "" if ok else f"/server_info says {reported!r}, expected {expected!r}", **figures)
+
+    # ---- baseline -----------------------------------------------------------------------------------------
+
+    def run_baseline(self, spec: ServerSpec) -> None:
+        def body(server: Server) -> None:
+            run = greedy_run(server, self.prompts, self.max_new_tokens)
+            self.baseline = run
+            self.record("1. baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
+                        tokens=run.completion_tokens, seconds=round(run.seconds, 2),
+                        tokens_per_s=round(run.completion_tokens / run.seconds, 1))
+            self.baseline_load, errors = concurrent_run(server, self.load)
+            if errors:
+                self.record("5. baseline load", spec.name, False, "; ".join(errors))
+            self.baseline_samples = sampled_tokens(server, self.prompts[0], 2000, 3)
+            self.baseline_logprobs = self.logprob_answers(server)
+
+        self.with_server(spec, body)
+
+    # ---- speculative servers ------------------------------------------------------------------------------
+
+    def run_speculative(self, spec: ServerSpec, *, load: bool, sampling: bool, requests: bool) -> None:
+        graphs = "on" if spec.cuda_graphs else "off"
+        case = "2. greedy == baseline" if spec.cuda_graphs else "4. greedy == baseline, CUDA graphs off"
+
+        def body(server: Server) -> None:
+            self.check_identity(server, spec.algorithm)
+            if self.baseline is None:
+                raise ServerError("no baseline outputs to compare with")
+            run = greedy_run(server, self.prompts, self.max_new_tokens)
+            self.agreements[(case, spec.name)] = agreement(self.names, run.outputs, self.baseline.outputs)
+            self.run_figures[(case, spec.name)] = {"accept_length": run.accept_length, "cuda_graphs": graphs,
+                                                   "seconds": round(run.seconds, 2), "tokens": run.completion_tokens}
+            if spec.cuda_graphs:
+                self.accept_lengths[spec.name] = run.accept_length
+            if spec.cuda_graphs:
+                self.check_capture_log(server)
+            if load:
+                self.load_case(server)
+            if sampling:
+                self.sampling_case(server)
+            if requests:
+                self.request_cases(server)
+
+        self.with_server(spec, body)
+
+    def check_capture_log(self, server: Server) -> None:
+        text = server.log_text()
+        if server.spec.algorithm == "DDTREE":
+            widths = sorted({int(w) for w in re.findall(r"capturing target-verify CUDA graphs at verify width (\d+)",
+                                                         text)})
+            expected = (server.spec.budget or 15) + 1
+            builder = re.search(r"tree builder ([^\n]+)", text)
+            ok = expected in widths
+            self.record("4. verify graphs captured at tree width", server.spec.name, ok,
+                        "" if ok else f"no capture at width {expected} in the log", widths=widths,
+                        tree_builder=builder.group(1).strip() if builder else None)
+            compiled = bool(builder and "compiled CUDA kernels" in builder.group(1))
+            self.record("kernels: worker uses the compiled tree kernels", server.spec.name, compiled,
+                        "" if compiled else "the worker fell back to the PyTorch tree path",
+                        tree_builder=builder.group(1).strip() if builder else None)
+        captures = re.findall(r"Capture cuda graph[^\n]*", text)
+        self.record("4. CUDA graphs captured (SGLang log)", server.spec.name, bool(captures),
+                    lines=captures[:6])
+
+    def load_case(self, server: Server) -> None:
+        outputs, errors = concurrent_run(server, self.load)
+        names = [r.name for r in self.load]
+        reference = self.baseline_load or []
+        comparable = [(n, o, b) for n, o, b in zip(names, outputs, reference, strict=False)
+                      if o is not None and b is not None]
+        if comparable:
+            self.agreements[("5. load: 16 concurrent == baseline", server.spec.name)] = agreement(
+                [c[0] for c in comparable], [c[1] for c in comparable], [c[2] for c in comparable])
+        time.sleep(3.0)  # let the scheduler go idle: its strict memory check runs there
+        healthy = server.alive() and server.call("/health_generate", timeout=60).status == 200
+        leaks = re.findall(r"[^\n]*memory leak detected[^\n]*", server.log_text())
+        ok = not errors and healthy and not leaks
+        detail = "; ".join(errors + leaks[:3]) or ("" if healthy else "unhealthy after the load")
+        self.record("5. load: no errors, pools back to idle", server.spec.name, ok, detail,
+                    requests=len(self.load), errors=len(errors), leak_reports=len(leaks), healthy_after=healthy)
+
+    def sampling_case(self, server: Server) -> None:
+        if self.baseline_samples is None:
+            self.record("6. sampling distribution", server.spec.name, False, "no baseline samples")
+            return
+        ours = sampled_tokens(server, self.prompts[0], len(self.baseline_samples), 3)
+        tests = {}
+        ok = True
+        # Position 0 comes from the prefill; positions 1 and 2 come from tree verify rounds.
+        for position in (1, 2):
+            a = [row[position] for row in self.baseline_samples if len(row) > position]
+            b = [row[position] for row in ours if len(row) > position]
+            test = chi_square_two_sample(a, b)
+            tests[f"position_{position}"] = {"chi2": round(test.statistic, 2), "dof": test.degrees_of_freedom,
+                                             "p_value": test.p_value, "samples": test.samples,
+                                             "categories": test.categories}
+            ok &= test.p_value >= SAMPLING_ALPHA
+        self.record("6. sampling (T=0.7, top-p 0.95) matches the baseline's distribution", server.spec.name, ok,
+                    f"two-sample chi-square per position, reject at p < {SAMPLING_ALPHA} (false-failure bound "
+                    f"{2 * SAMPLING_ALPHA:g} for the case)", samples=len(ours), **tests)
+
+    # ---- requests that stress the verify path -------------------------------------------------------------
+
+    def logprob_answers(self, server: Server) -> list[dict[str, Any]]:
+        """Greedy with logprobs, a stop token, and a top-logprobs request (answers or HTTP errors)."""
+        prompt = self.prompts[1]
+        bodies = [
+            ({**GREEDY, "max_new_tokens": 48}, {"return_logprob": True, "top_logprobs_num": 3}),
+            ({**GREEDY, "max_new_tokens": 64, "stop_token_ids": [*STOP_TOKEN_IDS, ord("\n")]}, {}),
+        ]
+        answers = []
+        for sampling, extra in bodies:
+            try:
+                answer = generate(server, [prompt.input_ids], sampling, extra)[0]
+                meta = answer.get("meta_info", {})
+                answers.append({"ok": True, "output_ids": output_ids(answer),
+                                "logprobs": [row[0] for row in meta.get("output_token_logprobs", [])]})
+            except ServerError as error:
+                answers.append({"ok": False, "error": str(error)[:300]})
+        return answers
+
+    def request_cases(self, server: Server) -> None:
+        ours = self.logprob_answers(server)
+        reference = self.baseline_logprobs or []
+        labels = ["logprobs (top 3)", "stop token id"]
+        for label, mine, theirs in zip(labels, ours, reference, strict=False):
+            if not mine["ok"]:
+                alive = server.alive() and server.call("/health_generate", timeout=60).status == 200
+                self.record(f"8. request: {label}", server.spec.name, alive,
+                            f"per-request error, server {'kept serving' if alive else 'died'}: {mine['error']}")
+                continue
+            same_tokens = mine["output_ids"] == theirs.get("output_ids")
+            deltas = [abs(a - b) for a, b in zip(mine["logprobs"], theirs.get("logprobs", []), strict=False)
+                      if a is not None and b is not None]
+            figures: dict[str, Any] = {"tokens": len(mine["output_ids"]), "same_tokens_as_baseline": same_tokens}
+            if deltas:
+                figures["max_logprob_delta"] = max(deltas)
+            ok = same_tokens and (not deltas or max(deltas) < 0.05) and len(mine["logprobs"]) in (
+                0, len(mine["output_ids"]))
+            self.record(f"8. request: {label}", server.spec.name, ok, **figures)
+
+    # ---- refusals -----------------------------------------------------------------------------------------
+
+    def run_refusal(self, spec: ServerSpec, expected: str, timeout: float = 240.0) -> None:
+        server = start_server(spec, self.python, self.out_dir)
+        code = server.wait_exit(timeout)
+        text = server.log_text()
+        found = expected in text
+        server.stop()
+        ok = code not in (None, 0) and found
+        line = next((ln for ln in text.splitlines() if expected in ln), "")
+        self.record("8. refused at start", spec.name, ok,
+                    line.strip()[:300] if found else f"exit {code}; expected message {expected!r} not in the log",
+                    exit_code=code)
+
+    # ---- verdicts -----------------------------------------------------------------------------------------
+
+    def settle_equality(self) -> None:
+        """Exact equality passes; otherwise a run passes only if SGLang's own DFLASH also diverged in the same
+        case and this run's divergence rate is no higher than DFLASH's (measured the same way, same run)."""
+        for (case, name), result in self.agreements.items():
+            dflash = next((a for (c, n), a in self.agreements.items() if c == case and n.startswith("dflash")), None)
+            if result.equal == result.prompts:
+                ok, detail = True, "token for token equal on every prompt"
+            elif name.startswith("dflash"):
+                ok, detail = True, "SGLang's own DFLASH: its divergence rate is the bar for DDTREE in this case"
+            elif dflash is not None and dflash.divergent > 0 and result.rate <= dflash.rate:
+                ok, detail = True, f"diverges on {result.divergent}/{result.prompts}, DFLASH on {dflash.divergent}"
+            else:
+                bar = f"DFLASH {dflash.divergent}/{dflash.prompts}" if dflash else "no DFLASH run to compare"
+                ok, detail = False, f"diverges on {result.divergent}/{result.prompts} ({bar})"
+            self.record(case, name, ok, detail, **self.run_figures.get((case, name), {}), **result.as_dict())
+
+    def settle_acceptance(self) -> None:
+        dflash = self.accept_lengths.get("dflash")
+        for name, tau in self.accept_lengths.items():
+            if not name.startswith("ddtree"):
+                continue
+            ok = tau is not None and dflash is not None and tau > dflash
+            self.record("3. accept length above DFLASH's", name, ok, accept_length=tau, dflash_accept_length=dflash,
+                        ratio=(tau / dflash) if tau and dflash else None)
