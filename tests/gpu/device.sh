@@ -36,8 +36,16 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
     rm -f "$root/site.tar.zst"
     touch "$site/.complete"
   fi
+  # Wheels added to the bundle after it was carried (requirements/sglang-gpu.txt grew): carried in .bundle/extra.
+  if compgen -G "$repo/.bundle/extra/*.whl" >/dev/null; then
+    # Installed beside, then merged: pip --target --upgrade would replace whole top-level directories.
+    rm -rf "$root/extra"
+    python3 -m pip install -q --no-deps --no-index --target "$root/extra" "$repo"/.bundle/extra/*.whl
+    cp -a "$root/extra/." "$site/"
+  fi
   # The cutlass DSL ships a .pth file; PYTHONPATH entries do not run .pth files, so its directory is named here.
-  export PYTHONPATH=$root/ddtree:$site:$site/nvidia_cutlass_dsl/dsl_packages
+  # The checkout comes first (its data files and the in-place extension); the install provides the entry point.
+  export PYTHONPATH=$repo/ddtree_runtime:$root/ddtree:$site:$site/nvidia_cutlass_dsl/dsl_packages
   export PATH=$site/bin:$PATH
   built=("$repo"/ddtree_runtime/ddtree_runtime/_C*.so)
   stamp=$(cat "$repo"/ddtree_runtime/csrc/* "$repo"/ddtree_runtime/setup.py | sha256sum | cut -c1-16)
