@@ -116,6 +116,46 @@ def cmd_resolve_spec(argv: list[str]) -> dict[str, Any]:
     }
 
 
+def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
+    """Every server command line of the GPU acceptance suite, through SGLang's own ``prepare_server_args`` with
+    the plugin loaded and each server's environment: the serving ones must parse, the refusals must fail with the
+    plugin's message."""
+    import contextlib
+    import io
+    import os
+
+    from ddtree_runtime.acceptance.launch import server_command, server_environment
+    from ddtree_runtime.acceptance.plan import refusal_specs, serving_specs
+    from sglang.srt.arg_groups.overrides import record_foreign_defaults
+    from sglang.srt.server_args import prepare_server_args
+
+    _loaded()
+    cases = [(spec, None) for spec in serving_specs()] + refusal_specs()
+    outcome = {}
+    for spec, expected in cases:
+        argv = server_command(spec, "python3", 30000)[3:]
+        saved = dict(os.environ)
+        os.environ.update(server_environment(spec, {}))
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                args = prepare_server_args(argv)
+                if args.speculative_algorithm == "DDTREE":
+                    # The server validates at launch (the GPU run's refusal step sees that); here as resolve-spec does.
+                    args.device = "cuda"
+                    algorithm = _loaded().from_string("DDTREE")
+                    record_foreign_defaults(args, "contract.validate", algorithm.validate_server_args)
+            outcome[spec.name] = {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
+                                  "draft_tokens": args.speculative_num_draft_tokens}
+        except BaseException as error:  # argparse exits with SystemExit; the plugin raises ValueError
+            outcome[spec.name] = {"ok": False, "expected": expected,
+                                  "error": f"{type(error).__name__}: {error}\n{stderr.getvalue()[-2000:]}"}
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    return outcome
+
+
 def cmd_hooks(_unused: list[str]) -> dict[str, Any]:
     import pkgutil
 
@@ -179,7 +219,8 @@ def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
 
 
 COMMANDS = {"plugins": cmd_plugins, "plugins-as": cmd_plugins_as, "parse": cmd_parse,
-            "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks, "greedy-verify": cmd_greedy_verify}
+            "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks, "greedy-verify": cmd_greedy_verify,
+            "acceptance-commands": cmd_acceptance_commands}
 
 
 def run_command(command: str, rest: list[str]) -> int:

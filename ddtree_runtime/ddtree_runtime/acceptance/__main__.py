@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 from ddtree_runtime.acceptance.environment import describe_environment, skip_reason
-from ddtree_runtime.acceptance.plan import PLANS, run_plan
-from ddtree_runtime.acceptance.report import write_report
+from ddtree_runtime.acceptance.launch import DEFAULT_DTYPE
+from ddtree_runtime.acceptance.plan import PLANS, make_suite, run_steps, select_steps
+from ddtree_runtime.acceptance.report import mirror_results, write_report
+from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -19,6 +21,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="which servers and cases to run (default: full)")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter that runs sglang.launch_server (default: this one)")
+    parser.add_argument("--only", type=lambda text: [n for n in text.split(",") if n], default=[],
+                        help="comma-separated steps of the plan to run (servers by name, or 'refusals')")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on from the state an earlier run left in --out (its baseline, its case lines)")
+    parser.add_argument("--mirror", type=Path,
+                        help="after each step also copy results.json, results.md and a logs.tgz of --out here")
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, help=f"--dtype of every server (default {DEFAULT_DTYPE})")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--health-timeout", type=float, default=600.0,
                         help="seconds a server may take to answer /health_generate (first starts compile kernels)")
@@ -36,10 +45,20 @@ def main(argv: list[str] | None = None) -> int:
         write_report(args.out, environment, results=[], servers=[], skipped=reason)
         print(f"acceptance: skipped: {reason}")
         return 0
-    suite = run_plan(args.plan, args.out, args.python, args.max_new_tokens, args.health_timeout)
-    write_report(args.out, environment, results=suite.results, servers=suite.servers, skipped=None)
-    failed = [r for r in suite.results if not r.ok]
-    print(f"acceptance: {len(suite.results) - len(failed)} passed, {len(failed)} failed "
+    steps = select_steps(args.plan, args.only)
+    settings = SuiteSettings(args.python, args.max_new_tokens, args.health_timeout, args.dtype)
+    suite = make_suite(args.out, settings, args.resume)
+
+    def after_step(done: Suite) -> None:
+        done.save()
+        write_report(args.out, environment, results=done.all_results(), servers=done.servers, skipped=None)
+        if args.mirror is not None:
+            mirror_results(args.out, args.mirror)
+
+    run_steps(suite, steps, after_step)
+    results = suite.all_results()
+    failed = [r for r in results if not r.ok]
+    print(f"acceptance: {len(results) - len(failed)} passed, {len(failed)} failed "
           f"(results in {args.out / 'results.md'})")
     return 1 if failed else 0
 

@@ -24,7 +24,6 @@ COMMON_FLAGS: tuple[str, ...] = (
     "--skip-tokenizer-init",  # the tiny pair has a byte tokenizer, no HF tokenizer: requests carry input_ids
     "--attention-backend", "triton",
     "--sampling-backend", "pytorch",
-    "--dtype", "float16",  # bf16 sends the DFlash drafter (head_dim 48) to a Triton kernel needing D/2 = 2^n; fp32 has no rmsnorm
     "--mem-fraction-static", "0.25",
     "--max-running-requests", "16",
     "--cuda-graph-max-bs-decode", "16",
@@ -32,6 +31,11 @@ COMMON_FLAGS: tuple[str, ...] = (
     "--log-level", "info",
 )
 """Flags every server of the suite gets (baseline and speculative alike), so outputs are comparable."""
+
+DEFAULT_DTYPE = "float16"
+"""``--dtype`` of every server. SGLang 0.5.23 on an H200, measured: in bfloat16 its DFlash drafter runs a Triton
+qk-norm + rope kernel that needs ``head_dim / 2`` to be a power of two (the shipped pair has head_dim 48: DFLASH and
+DDTREE die capturing the drafter's graphs); float32 has no sgl_kernel rmsnorm."""
 
 STRICT_MEMORY_CHECK = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 """SGLang's own idle-time KV/req pool leak check raises instead of warning."""
@@ -63,10 +67,10 @@ class ServerSpec:
         }
 
 
-def server_command(spec: ServerSpec, python: str, port: int) -> list[str]:
+def server_command(spec: ServerSpec, python: str, port: int, dtype: str = DEFAULT_DTYPE) -> list[str]:
     """The exact argv of ``spec``'s server."""
     argv = [python, "-m", "sglang.launch_server", "--model-path", str(spec.model_path),
-            "--host", "127.0.0.1", "--port", str(port), *COMMON_FLAGS]
+            "--host", "127.0.0.1", "--port", str(port), *COMMON_FLAGS, "--dtype", dtype]
     if spec.algorithm is not None:
         argv += ["--speculative-algorithm", spec.algorithm]
         if spec.draft_model_path is not None:
@@ -210,10 +214,11 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def start_server(spec: ServerSpec, python: str, log_dir: Path, base_env: Mapping[str, str] | None = None) -> Server:
+def start_server(spec: ServerSpec, python: str, log_dir: Path, dtype: str = DEFAULT_DTYPE,
+                 base_env: Mapping[str, str] | None = None) -> Server:
     """Start ``spec``'s server in its own session, its output in ``log_dir/<name>.log``."""
     port = free_port()
-    command = server_command(spec, python, port)
+    command = server_command(spec, python, port, dtype)
     log_path = log_dir / f"{spec.name}.log"
     env = server_environment(spec, os.environ if base_env is None else base_env)
     with log_path.open("wb") as log:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_runtime.acceptance.launch import ServerSpec
 from ddtree_runtime.acceptance.prompts import DRAFTER_DIR, TARGET_DIR, suite_prompts
-from ddtree_runtime.acceptance.suite import Suite
+from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
 
 DRAFT_TOKENS = 16
 DDTREE_BUDGETS = (16, 64)
@@ -44,32 +45,74 @@ def refusal_specs() -> list[tuple[ServerSpec, str]]:
     ]
 
 
-def plan_full(suite: Suite) -> None:
-    suite.run_baseline(baseline_spec())
-    for budget in DDTREE_BUDGETS:
-        big = budget == max(DDTREE_BUDGETS)
-        suite.run_speculative(ddtree_spec(budget), load=True, sampling=big, requests=big)
-    suite.run_speculative(dflash_spec(), load=True, sampling=False, requests=False)
-    for budget in DDTREE_BUDGETS:
-        suite.run_speculative(ddtree_spec(budget, cuda_graphs=False), load=False, sampling=False, requests=False)
-    suite.run_speculative(dflash_spec(cuda_graphs=False), load=False, sampling=False, requests=False)
+@dataclass(frozen=True)
+class Step:
+    """One server of a plan (or the refusal starts), by the name ``--only`` selects it with."""
+
+    name: str
+    run: Callable[[Suite], None]
+
+
+def _speculative(spec: ServerSpec, *, load: bool = False, sampling: bool = False, requests: bool = False) -> Step:
+    return Step(spec.name, lambda suite: suite.run_speculative(spec, load=load, sampling=sampling, requests=requests))
+
+
+def _refusals(suite: Suite) -> None:
     for spec, message in refusal_specs():
         suite.run_refusal(spec, message)
 
 
-def plan_quick(suite: Suite) -> None:
+def speculative_specs(cuda_graphs: bool) -> list[ServerSpec]:
+    return [*(ddtree_spec(b, cuda_graphs=cuda_graphs) for b in DDTREE_BUDGETS), dflash_spec(cuda_graphs)]
+
+
+def serving_specs() -> list[ServerSpec]:
+    """Every server of the full plan that must start and serve (the refusals are :func:`refusal_specs`)."""
+    return [baseline_spec(), *speculative_specs(True), *speculative_specs(False)]
+
+
+def full_plan() -> list[Step]:
+    """Every case: graphs on (load, sampling and requests on the largest budget), graphs off, refusals."""
+    largest = ddtree_spec(max(DDTREE_BUDGETS)).name
+    steps = [Step("baseline", lambda suite: suite.run_baseline(baseline_spec()))]
+    steps += [_speculative(spec, load=True, sampling=spec.name == largest, requests=spec.name == largest)
+              for spec in speculative_specs(True)]
+    steps += [_speculative(spec) for spec in speculative_specs(False)]
+    steps.append(Step("refusals", _refusals))
+    return steps
+
+
+def quick_plan() -> list[Step]:
     """Baseline, DDTREE at budget 64 and DFLASH, CUDA graphs on (a first look on a new machine)."""
-    suite.run_baseline(baseline_spec())
-    suite.run_speculative(ddtree_spec(64), load=True, sampling=False, requests=True)
-    suite.run_speculative(dflash_spec(), load=False, sampling=False, requests=False)
+    return [Step("baseline", lambda suite: suite.run_baseline(baseline_spec())),
+            _speculative(ddtree_spec(64), load=True, requests=True), _speculative(dflash_spec())]
 
 
-PLANS: dict[str, Callable[[Suite], None]] = {"full": plan_full, "quick": plan_quick}
+PLANS: dict[str, Callable[[], list[Step]]] = {"full": full_plan, "quick": quick_plan}
 
 
-def run_plan(name: str, out_dir: Path, python: str, max_new_tokens: int, health_timeout: float) -> Suite:
-    suite = Suite(out_dir, python, suite_prompts(), max_new_tokens, health_timeout)
-    PLANS[name](suite)
-    suite.settle_equality()
-    suite.settle_acceptance()
+def select_steps(plan: str, only: Sequence[str]) -> list[Step]:
+    steps = PLANS[plan]()
+    if not only:
+        return steps
+    known = {step.name for step in steps}
+    unknown = sorted(set(only) - known)
+    if unknown:
+        names = ", ".join(step.name for step in steps)
+        raise ValueError(f"--only {', '.join(unknown)}: not a step of plan {plan!r} ({names})")
+    return [step for step in steps if step.name in only]
+
+
+def run_steps(suite: Suite, steps: Sequence[Step], after_step: Callable[[Suite], None]) -> None:
+    """Run ``steps`` in order; ``after_step`` (saving state and results) runs after each, so a run cut short keeps
+    what it finished."""
+    for step in steps:
+        step.run(suite)
+        after_step(suite)
+
+
+def make_suite(out_dir: Path, settings: SuiteSettings, resume: bool) -> Suite:
+    suite = Suite(out_dir, suite_prompts(), settings)
+    if resume:
+        suite.resume()
     return suite

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,3 +66,17 @@ def write_report(out_dir: Path, environment: dict[str, Any], results: list[CaseR
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / "results.md").write_text(render_markdown(payload))
     return payload
+
+
+def mirror_results(out_dir: Path, mirror: Path) -> None:
+    """Copy the results and a tarball of everything in ``out_dir`` (logs, state) to ``mirror`` (for machines that
+    hand back only a few files)."""
+    mirror.mkdir(parents=True, exist_ok=True)
+    for name in ("results.json", "results.md"):
+        shutil.copyfile(out_dir / name, mirror / name)
+    partial = mirror / "logs.tgz.partial"
+    with tarfile.open(partial, "w:gz") as archive:
+        for path in sorted(out_dir.iterdir()):
+            if path.suffix in (".log", ".json", ".md"):
+                archive.add(path, arcname=path.name)
+    partial.replace(mirror / "logs.tgz")

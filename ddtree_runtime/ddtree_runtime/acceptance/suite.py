@@ -7,6 +7,7 @@ impossible for it too) are settled in :meth:`Suite.settle_equality` once every s
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddtree_runtime.acceptance.launch import Server, ServerError, ServerSpec, generate, start_server
+from ddtree_runtime.acceptance.launch import DEFAULT_DTYPE, Server, ServerError, ServerSpec, generate, start_server
 from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, LoadRequest, Prompt, load_mix
 from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two_sample
 
@@ -98,14 +99,29 @@ def sampled_tokens(server: Server, prompt: Prompt, samples: int, positions: int,
     return rows
 
 
+STATE_FILE = "state.json"
+"""What a run leaves in its out directory for a later run to go on from (``--resume``): every case line, the
+servers, and the baseline's outputs the speculative servers are compared with."""
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    python: str
+    """The interpreter that runs ``sglang.launch_server``."""
+    max_new_tokens: int = 128
+    health_timeout: float = 600.0
+    dtype: str = DEFAULT_DTYPE
+
+
 class Suite:
-    def __init__(self, out_dir: Path, python: str, prompts: list[Prompt], max_new_tokens: int,
-                 health_timeout: float) -> None:
+    def __init__(self, out_dir: Path, prompts: list[Prompt], settings: SuiteSettings) -> None:
         self.out_dir = out_dir
-        self.python = python
         self.prompts = prompts
-        self.max_new_tokens = max_new_tokens
-        self.health_timeout = health_timeout
+        self.settings = settings
+        self.python = settings.python
+        self.max_new_tokens = settings.max_new_tokens
+        self.health_timeout = settings.health_timeout
+        self.dtype = settings.dtype
         self.results: list[CaseResult] = []
         self.servers: list[dict[str, Any]] = []
         self.baseline: GreedyRun | None = None
@@ -122,6 +138,57 @@ class Suite:
     def names(self) -> list[str]:
         return [p.name for p in self.prompts]
 
+    # ---- state ----------------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "max_new_tokens": self.max_new_tokens,
+            "results": [r.as_dict() for r in self.results],
+            "servers": self.servers,
+            "baseline": None if self.baseline is None else vars(self.baseline),
+            "baseline_load": self.baseline_load,
+            "baseline_samples": self.baseline_samples,
+            "baseline_logprobs": self.baseline_logprobs,
+            "agreements": [{"case": c, "server": n, "prompts": a.prompts, "equal": a.equal,
+                            "first_divergence": a.first_divergence} for (c, n), a in self.agreements.items()],
+            "run_figures": [{"case": c, "server": n, "figures": f} for (c, n), f in self.run_figures.items()],
+            "accept_lengths": self.accept_lengths,
+        }
+
+    def save(self) -> None:
+        path = self.out_dir / STATE_FILE
+        path.with_suffix(".tmp").write_text(json.dumps(self.state()))
+        path.with_suffix(".tmp").replace(path)
+
+    def resume(self) -> None:
+        """Take up the state an earlier run left in the out directory (same dtype and output length)."""
+        path = self.out_dir / STATE_FILE
+        if not path.is_file():
+            return
+        state = json.loads(path.read_text())
+        if (state["dtype"], state["max_new_tokens"]) != (self.dtype, self.max_new_tokens):
+            raise ValueError(f"{path} was made with dtype {state['dtype']} and {state['max_new_tokens']} new tokens; "
+                             "resume with the same settings or use another --out")
+        self.results = [CaseResult(**r) for r in state["results"]]
+        self.servers = state["servers"]
+        self.baseline = None if state["baseline"] is None else GreedyRun(**state["baseline"])
+        self.baseline_load = state["baseline_load"]
+        self.baseline_samples = state["baseline_samples"]
+        self.baseline_logprobs = state["baseline_logprobs"]
+        self.agreements = {(a["case"], a["server"]): Agreement(a["prompts"], a["equal"], a["first_divergence"])
+                           for a in state["agreements"]}
+        self.run_figures = {(f["case"], f["server"]): f["figures"] for f in state["run_figures"]}
+        self.accept_lengths = state["accept_lengths"]
+
+    def forget(self, server: str) -> None:
+        """Drop what an earlier run recorded for ``server`` (it is being run again)."""
+        self.results = [r for r in self.results if r.server != server]
+        self.servers = [s for s in self.servers if s["name"] != server]
+        self.agreements = {key: value for key, value in self.agreements.items() if key[1] != server}
+        self.run_figures = {key: value for key, value in self.run_figures.items() if key[1] != server}
+        self.accept_lengths.pop(server, None)
+
     def record(self, case: str, server: str, ok: bool, detail: str = "", **figures: Any) -> None:
         self.results.append(CaseResult(case, server, ok, figures, detail))
 
@@ -129,7 +196,8 @@ class Suite:
 
     def with_server(self, spec: ServerSpec, body: Callable[[Server], None]) -> None:
         """Start ``spec``, run ``body`` on it, stop it; a start or body failure is recorded, not raised."""
-        server = start_server(spec, self.python, self.out_dir)
+        self.forget(spec.name)
+        server = start_server(spec, self.python, self.out_dir, self.dtype)
         entry: dict[str, Any] = {**spec.describe(), "command": server.command, "log": server.log_path.name}
         self.servers.append(entry)
         try:
@@ -299,7 +367,8 @@ class Suite:
     # ---- refusals -----------------------------------------------------------------------------------------
 
     def run_refusal(self, spec: ServerSpec, expected: str, timeout: float = 240.0) -> None:
-        server = start_server(spec, self.python, self.out_dir)
+        self.forget(spec.name)
+        server = start_server(spec, self.python, self.out_dir, self.dtype)
         code = server.wait_exit(timeout)
         text = server.log_text()
         found = expected in text
@@ -312,9 +381,17 @@ class Suite:
 
     # ---- verdicts -----------------------------------------------------------------------------------------
 
-    def settle_equality(self) -> None:
+    def verdicts(self) -> list[CaseResult]:
+        """Case lines settled across servers: greedy equality against DFLASH's bar, accept length vs DFLASH."""
+        return self.equality_verdicts() + self.acceptance_verdicts()
+
+    def all_results(self) -> list[CaseResult]:
+        return self.results + self.verdicts()
+
+    def equality_verdicts(self) -> list[CaseResult]:
         """Exact equality passes; otherwise a run passes only if SGLang's own DFLASH also diverged in the same
         case and this run's divergence rate is no higher than DFLASH's (measured the same way, same run)."""
+        verdicts = []
         for (case, name), result in self.agreements.items():
             dflash = next((a for (c, n), a in self.agreements.items() if c == case and n.startswith("dflash")), None)
             if result.equal == result.prompts:
@@ -326,13 +403,18 @@ class Suite:
             else:
                 bar = f"DFLASH {dflash.divergent}/{dflash.prompts}" if dflash else "no DFLASH run to compare"
                 ok, detail = False, f"diverges on {result.divergent}/{result.prompts} ({bar})"
-            self.record(case, name, ok, detail, **self.run_figures.get((case, name), {}), **result.as_dict())
+            verdicts.append(CaseResult(case, name, ok, {**self.run_figures.get((case, name), {}), **result.as_dict()},
+                                       detail))
+        return verdicts
 
-    def settle_acceptance(self) -> None:
+    def acceptance_verdicts(self) -> list[CaseResult]:
         dflash = self.accept_lengths.get("dflash")
+        verdicts = []
         for name, tau in self.accept_lengths.items():
             if not name.startswith("ddtree"):
                 continue
             ok = tau is not None and dflash is not None and tau > dflash
-            self.record("3. accept length above DFLASH's", name, ok, accept_length=tau, dflash_accept_length=dflash,
-                        ratio=(tau / dflash) if tau and dflash else None)
+            verdicts.append(CaseResult("3. accept length above DFLASH's", name, ok, {
+                "accept_length": tau, "dflash_accept_length": dflash,
+                "ratio": (tau / dflash) if tau and dflash else None}))
+        return verdicts
