@@ -269,3 +269,38 @@ def test_rows_the_threshold_path_cannot_order_take_the_pop_loop_per_request():
     lp[1, 2] = lp[1, 2].flip(0)  # increasing: request 1 pops sequentially, requests 0 and 2 take the threshold
     lp[2, 0, :5] = 0.0  # ties at zero are still sorted rows
     assert_tree_equal(lp, ids, [128, 100, 128], 128)
+
+
+# --- the SGLang worker's round on the kernels ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("seed", "budget"), [(0, 16), (1, 64), (2, 1), (3, 255)])
+def test_worker_round_on_the_kernels_equals_its_pytorch_path_without_a_host_sync(seed, budget):
+    """What DDTreeWorker hands SGLang each round, built by the kernels from the drafter logits, equals its
+    PyTorch path element for element, and the build reads nothing on the host (CUDA sync debug mode errors)."""
+    from ddtree_runtime.sglang.tree_inputs import compiled_verify_tensors, tree_verify_tensors  # noqa: PLC0415
+    from ddtree_runtime.tree import build_tree_batch_from_topk  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(seed)
+    batch, depth, vocab = 4, 15, 3000
+    logits = (torch.randn(batch, depth, vocab, generator=generator) * 3).to(torch.bfloat16)
+    roots = torch.randint(0, vocab, (batch,), generator=generator)
+    seq_lens = torch.randint(1, 300, (batch,), generator=generator)
+    k = min(budget, vocab)
+    ref_lp, ref_ids = depth_log_probs(logits.float(), k)
+    expected = tree_verify_tensors(build_tree_batch_from_topk(ref_lp, ref_ids, torch.full((batch,), budget)),
+                                   roots, seq_lens, width=budget + 1)
+    gpu_logits, gpu_roots, gpu_lens = logits.to(CUDA), roots.to(CUDA), seq_lens.to(CUDA)
+    seq_lens_sum = int(seq_lens.sum())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        top = ops.topk_log_probs(gpu_logits, k)
+        got = compiled_verify_tensors(top.log_probs, top.ids, gpu_roots, gpu_lens, seq_lens_sum=seq_lens_sum,
+                                      budget=budget)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(top.ids.cpu(), ref_ids)
+    for field in ("candidates", "positions", "custom_mask", "retrieve_index", "retrieve_next_token",
+                  "retrieve_next_sibling"):
+        assert torch.equal(getattr(got, field).cpu(), getattr(expected, field)), field

@@ -8,16 +8,24 @@ import itertools
 import pytest
 import torch
 from ddtree_runtime.sglang import compat, register, registration_error
-from ddtree_runtime.sglang.config import DDTreeConfigError, resolve_settings
+from ddtree_runtime.sglang.config import MAX_BUDGET, DDTreeConfigError, resolve_settings
 from ddtree_runtime.sglang.tree_inputs import (
     accepted_first_order,
     accepted_paths,
     committed_tokens,
+    compiled_verify_tensors,
     local_topk,
     merge_sharded_topk,
     tree_verify_tensors,
 )
-from ddtree_runtime.tree import NO_NODE, build_tree, build_tree_batch, build_tree_from_topk, depth_log_probs
+from ddtree_runtime.tree import (
+    NO_NODE,
+    build_tree,
+    build_tree_batch,
+    build_tree_batch_from_topk,
+    build_tree_from_topk,
+    depth_log_probs,
+)
 from ddtree_runtime.verify import follow_greedy, follow_greedy_batch
 
 # ---- settings ------------------------------------------------------------------------------------------------
@@ -42,6 +50,23 @@ def test_settings_defaults_match_the_dflash_chain_width() -> None:
 def test_settings_refuse_draft_lengths_outside_the_drafter_block(draft_tokens: int) -> None:
     with pytest.raises(DDTreeConfigError, match=r"2\.\.16"):
         resolve_settings(draft_tokens, {})
+
+
+def test_budget_is_capped_at_the_tree_kernels_largest_tree() -> None:
+    assert resolve_settings(16, {"DDTREE_BUDGET": str(MAX_BUDGET)}).verify_width == MAX_BUDGET + 1
+    with pytest.raises(DDTreeConfigError, match=f"at most {MAX_BUDGET}"):
+        resolve_settings(16, {"DDTREE_BUDGET": str(MAX_BUDGET + 1)})
+
+
+@pytest.mark.parametrize(("budget", "reservation"), [(None, 32), (15, 32), (16, 34), (64, 130), (1024, 2050)])
+def test_decode_reservation_covers_the_verify_window(budget: int | None, reservation: int) -> None:
+    """DFLASH reserves 2 x D = 32 slots per step; a budget-64 verify writes 65 slots from the same start (the
+    first real start would have written KV into slots owned by other requests)."""
+    environ = {} if budget is None else {"DDTREE_BUDGET": str(budget)}
+    settings = resolve_settings(16, environ)
+    assert settings.decode_reservation(32) == reservation
+    assert settings.decode_reservation(32) >= settings.verify_width
+    assert settings.decode_reservation(4096) == 4096  # never less than SGLang asked for
 
 
 @pytest.mark.parametrize(
@@ -135,6 +160,29 @@ def test_verify_tensors_have_sglang_full_mask_layout() -> None:
         assert torch.equal(tensors.candidates[b, 1:n], tree.token_ids)
         assert bool((tensors.candidates[b, n:] == roots[b]).all())
         assert not bool(tensors.retrieve_next_token[b, n:].ge(0).any()), "padding is never linked"
+
+
+def round_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode round's top-k arrays (3 requests, depth 15, k 8), bonus tokens and committed lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 15, 40, generator=generator) * 3
+    log_probs, ids = depth_log_probs(logits, 8)
+    roots = torch.randint(0, 40, (3,), generator=generator)
+    seq_lens = torch.randint(1, 30, (3,), generator=generator)
+    return log_probs, ids, roots, seq_lens
+
+
+@pytest.mark.parametrize(("seed", "budget"), [(0, 16), (1, 64), (2, 1), (3, 7)])
+def test_compiled_round_tensors_equal_the_pytorch_round(seed: int, budget: int) -> None:
+    """The worker's kernel path (here on CPU: ops' reference fallbacks) lays out exactly what its PyTorch path does."""
+    log_probs, ids, roots, seq_lens = round_inputs(seed)
+    budgets = torch.full((3,), budget, dtype=torch.long)
+    expected = tree_verify_tensors(build_tree_batch_from_topk(log_probs, ids, budgets), roots, seq_lens,
+                                   width=budget + 1)
+    got = compiled_verify_tensors(log_probs, ids, roots, seq_lens, seq_lens_sum=int(seq_lens.sum()), budget=budget)
+    for field in ("candidates", "positions", "custom_mask", "retrieve_index", "retrieve_next_token",
+                  "retrieve_next_sibling"):
+        assert torch.equal(getattr(got, field), getattr(expected, field)), field
 
 
 def test_padding_to_a_narrower_width_is_refused() -> None:

@@ -97,7 +97,7 @@ def cmd_resolve_spec(argv: list[str]) -> dict[str, Any]:
     # max_speculative_num_draft_tokens() (the crash of the first GPU start was the second).
     import types
 
-    import sglang.srt.runtime_context as runtime_context
+    from sglang.srt import runtime_context
 
     runtime_context.get_spec = lambda: types.SimpleNamespace(
         speculative_num_draft_tokens=resolved["speculative_num_draft_tokens"], speculative_algorithm="DDTREE")

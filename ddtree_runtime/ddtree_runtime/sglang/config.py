@@ -54,6 +54,12 @@ class DDTreeSettings:
         """Tokens per request in the target verify forward: the root plus ``budget`` nodes."""
         return self.budget + 1
 
+    def decode_reservation(self, reserve: int) -> int:
+        """KV slots a decode step reserves past the committed length, given DFLASH's ``reserve`` (2 x D): the
+        drafter writes D slots and the verify W from the same start, so DDTree needs 2 x max(D, W) (DFLASH's
+        double buffer kept)."""
+        return max(reserve, 2 * max(self.draft_tokens, self.verify_width))
+
     def topk_for_vocab(self, vocab_size: int) -> int:
         """Per-depth top-k DDTree uses for a vocabulary: ``min(budget, vocab, cap)``."""
         k = min(self.budget, vocab_size)

@@ -219,16 +219,10 @@ def _log_capture_width_once(width: int) -> None:
         logger.info("DDTree: capturing target-verify CUDA graphs at verify width %d (tree + root)", width)
 
 
-def verify_reservation(reserve: int, settings: DDTreeSettings) -> int:
-    """KV slots to reserve past the committed length per decode step: the drafter writes D, the verify W slots
-    from the same start; DFLASH's double buffer (2x) is kept."""
-    return max(reserve, 2 * max(settings.draft_tokens, settings.verify_width))
-
-
 def _decode_reservation_hook(original: Callable[..., Any], reqs: Any, *, reserve: int, page_size: int) -> Any:
     """DFLASH reserves 2 x D slots per decode step; a DDTree verify window is W = budget + 1 slots wide."""
     if ddtree_is_active():
-        reserve = verify_reservation(reserve, published_settings())
+        reserve = published_settings().decode_reservation(reserve)
     return original(reqs, reserve=reserve, page_size=page_size)
 
 

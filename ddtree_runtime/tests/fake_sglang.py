@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""A stand-in for ``python -m sglang.launch_server`` that tests the acceptance suite's own harness on CPU.
+
+It is given to the suite as its ``--python`` and is called as ``fake_sglang.py -m sglang.launch_server ARGS``. It
+says nothing about SGLang: it answers the few HTTP endpoints the suite uses, deterministically, so the suite's
+process handling, comparisons, verdicts and reports can be tested without a GPU. Behaviour (environment):
+
+- ``FAKE_SGLANG_MODE``: ``serve`` (default), ``crash`` (exits 3 before serving), ``refuse`` (prints
+  ``FAKE_SGLANG_MESSAGE`` and exits 1);
+- ``FAKE_SGLANG_DIVERGE``: an algorithm name whose greedy output differs from the baseline's on the first prompt;
+- ``FAKE_SGLANG_CHILD_PID_FILE``: serve mode starts a child in its session and writes its PID there (the suite
+  must stop it with the server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ACCEPT = {None: 1, "DFLASH": 2, "DDTREE": 3}
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def greedy(ids: list[int], count: int, stop: set[int], diverge: bool) -> list[int]:
+    out = []
+    for i in range(count):
+        token = (sum(ids) * 7 + i * 13) % 256
+        out.append(token)
+        if token in stop:
+            break
+    if diverge and out:
+        out[-1] = (out[-1] + 1) % 256
+    return out
+
+
+def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> list[dict[str, Any]]:
+    params = body.get("sampling_params", {})
+    count = int(params.get("max_new_tokens", 16))
+    stop = set(params.get("stop_token_ids") or [])
+    answers = []
+    for index, ids in enumerate(body["input_ids"]):
+        if float(params.get("temperature", 0.0)) > 0:
+            tokens = [rng.choices(range(10), weights=range(1, 11))[0] for _ in range(count)]
+        else:
+            diverge = index == 0 and os.environ.get("FAKE_SGLANG_DIVERGE") == algorithm and algorithm is not None
+            tokens = greedy(ids, count, stop, diverge)
+        meta: dict[str, Any] = {"completion_tokens": len(tokens)}
+        if algorithm is not None:
+            meta["spec_verify_ct"] = -(-len(tokens) // ACCEPT[algorithm])
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[-0.25, token, None] for token in tokens]
+        answers.append({"output_ids": tokens, "meta_info": meta})
+    return answers
+
+
+def serve(argv: list[str]) -> None:
+    algorithm = flag(argv, "--speculative-algorithm")
+    rng = random.Random(0)
+    if algorithm == "DDTREE":
+        width = int(os.environ.get("DDTREE_BUDGET", "15")) + 1
+        print(f"DDTree worker: draft length 16, budget {width - 1}, top-k cap None, verify width {width}, tree "
+              "builder ddtree_runtime.ops (compiled CUDA kernels)")
+        print(f"DDTree: capturing target-verify CUDA graphs at verify width {width} (tree + root)")
+    if "--disable-cuda-graph" not in argv:
+        print("Capture cuda graph bs [1, 2, 4, 8, 16]")
+    sys.stdout.flush()
+    pid_file = os.environ.get("FAKE_SGLANG_CHILD_PID_FILE")
+    if pid_file:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(pid_file, "w") as handle:
+            handle.write(str(child.pid))
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def reply(self, status: int, payload: Any) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health_generate":
+                self.reply(200, {})
+            elif self.path == "/server_info":
+                self.reply(200, {"speculative_algorithm": algorithm, "attention_backend": "triton",
+                                 "speculative_num_draft_tokens": 16 if algorithm else None})
+            else:
+                self.reply(404, {"error": self.path})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.reply(200, answer(body, algorithm, rng))
+
+    server = ThreadingHTTPServer(("127.0.0.1", int(flag(argv, "--port") or 0)), Handler)
+    server.serve_forever()
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:2] != ["-m", "sglang.launch_server"]:
+        sys.exit(f"fake_sglang: expected -m sglang.launch_server, got {argv[:2]}")
+    mode = os.environ.get("FAKE_SGLANG_MODE", "serve")
+    if mode == "crash":
+        print("Scheduler hit an exception: boom")
+        sys.exit(3)
+    if mode == "refuse":
+        time.sleep(0.2)
+        print(os.environ.get("FAKE_SGLANG_MESSAGE", "refused"))
+        sys.exit(1)
+    serve(argv[2:])
+
+
+if __name__ == "__main__":
+    main()
