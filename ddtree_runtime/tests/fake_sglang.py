@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
 """A stand-in for ``python -m sglang.launch_server`` that tests the acceptance suite's own harness on CPU.
 
-It is given to the suite as its ``--python`` and is called as ``fake_sglang.py -m sglang.launch_server ARGS``. It
-says nothing about SGLang: it answers the few HTTP endpoints the suite uses, deterministically, so the suite's
-process handling, comparisons, verdicts and reports can be tested without a GPU. Behaviour (environment):
+The tests install it as the module ``sglang.launch_server`` of a package directory on ``PYTHONPATH``, so the suite
+runs its real command line ``python -m sglang.launch_server ARGS`` against it. It says nothing about SGLang: it
+answers the few HTTP endpoints the suite uses, deterministically, so the suite's process handling, comparisons,
+verdicts and reports can be tested without a GPU. Behaviour (environment):
 
 - ``FAKE_SGLANG_MODE``: ``serve`` (default), ``crash`` (exits 3 before serving), ``refuse`` (prints
   ``FAKE_SGLANG_MESSAGE`` and exits 1);
@@ -49,7 +49,7 @@ def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> l
     answers = []
     for index, ids in enumerate(body["input_ids"]):
         if float(params.get("temperature", 0.0)) > 0:
-            tokens = [rng.choices(range(10), weights=range(1, 11))[0] for _ in range(count)]
+            tokens = [rng.choices(range(10), weights=range(1, 11))[0] for _unused in range(count)]
         else:
             diverge = index == 0 and os.environ.get("FAKE_SGLANG_DIVERGE") == algorithm and algorithm is not None
             tokens = greedy(ids, count, stop, diverge)
@@ -110,8 +110,6 @@ def serve(argv: list[str]) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
-    if argv[:2] != ["-m", "sglang.launch_server"]:
-        sys.exit(f"fake_sglang: expected -m sglang.launch_server, got {argv[:2]}")
     mode = os.environ.get("FAKE_SGLANG_MODE", "serve")
     if mode == "crash":
         print("Scheduler hit an exception: boom")
@@ -120,7 +118,7 @@ def main() -> None:
         time.sleep(0.2)
         print(os.environ.get("FAKE_SGLANG_MESSAGE", "refused"))
         sys.exit(1)
-    serve(argv[2:])
+    serve(argv)
 
 
 if __name__ == "__main__":

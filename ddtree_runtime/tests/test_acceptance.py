@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import stat
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -33,9 +34,14 @@ FAKE = Path(__file__).with_name("fake_sglang.py")
 
 
 @pytest.fixture
-def fake_python() -> str:
-    FAKE.chmod(FAKE.stat().st_mode | stat.S_IXUSR)
-    return str(FAKE)
+def fake_python(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This interpreter, with ``sglang.launch_server`` resolving to the stand-in for the servers it starts."""
+    site = tmp_path_factory.mktemp("fake-site")
+    (site / "sglang").mkdir()
+    (site / "sglang" / "__init__.py").write_text("")
+    shutil.copyfile(FAKE, site / "sglang" / "launch_server.py")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    return sys.executable
 
 
 def make_suite(tmp_path: Path, python: str, **settings: object) -> Suite:

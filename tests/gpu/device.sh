@@ -18,7 +18,8 @@ receive)
       *) cp "$file" "$root/" ;;  # SHA256SUMS, the zstandard wheel for machines without the zstd tool
     esac
   done
-  ls "$root/pieces" | wc -l
+  pieces=("$root"/pieces/p*)
+  echo "${#pieces[@]} pieces"
   ;;
 run)
   if [ ! -f "$site/.complete" ]; then

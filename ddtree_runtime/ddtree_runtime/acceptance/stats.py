@@ -85,6 +85,8 @@ def chi_square_two_sample(first: Sequence[int], second: Sequence[int], min_expec
             expected = row * n / total
             statistic += (observed - expected) ** 2 / expected
     dof = max(len(kept) - 1, 0)
-    p_value = 1.0 if dof == 0 else float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                                                  torch.tensor(statistic / 2, dtype=torch.float64)))
+    p_value = 1.0
+    if dof > 0:  # the chi-square survival function: the regularised upper incomplete gamma Q(dof/2, x/2)
+        half_dof = torch.tensor(dof / 2, dtype=torch.float64)
+        p_value = float(torch.special.gammaincc(half_dof, torch.tensor(statistic / 2, dtype=torch.float64)))
     return HomogeneityTest(statistic, dof, p_value, (n_a, n_b), len(kept))

@@ -271,8 +271,8 @@ class Suite:
     def check_capture_log(self, server: Server) -> None:
         text = server.log_text()
         if server.spec.algorithm == "DDTREE":
-            widths = sorted({int(w) for w in re.findall(r"capturing target-verify CUDA graphs at verify width (\d+)",
-                                                         text)})
+            captured = re.findall(r"capturing target-verify CUDA graphs at verify width (\d+)", text)
+            widths = sorted({int(w) for w in captured})
             expected = (server.spec.budget or 15) + 1
             builder = re.search(r"tree builder ([^\n]+)", text)
             ok = expected in widths
@@ -401,8 +401,8 @@ class Suite:
             elif dflash is not None and dflash.divergent > 0 and result.rate <= dflash.rate:
                 ok, detail = True, f"diverges on {result.divergent}/{result.prompts}, DFLASH on {dflash.divergent}"
             else:
-                bar = f"DFLASH {dflash.divergent}/{dflash.prompts}" if dflash else "no DFLASH run to compare"
-                ok, detail = False, f"diverges on {result.divergent}/{result.prompts} ({bar})"
+                standard = f"DFLASH {dflash.divergent}/{dflash.prompts}" if dflash else "no DFLASH run to compare"
+                ok, detail = False, f"diverges on {result.divergent}/{result.prompts} ({standard})"
             verdicts.append(CaseResult(case, name, ok, {**self.run_figures.get((case, name), {}), **result.as_dict()},
                                        detail))
         return verdicts
