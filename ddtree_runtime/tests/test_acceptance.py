@@ -226,3 +226,38 @@ def test_command_skips_without_a_gpu_and_says_why(tmp_path: Path) -> None:
     payload = json.loads((tmp_path / "results.json").read_text())
     assert payload["skipped"] and payload["results"] == []
     assert "Skipped" in (tmp_path / "results.md").read_text()
+
+
+# ---- case 7's models ------------------------------------------------------------------------------------------
+
+
+def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", minversion="5")
+    from ddtree_runtime.acceptance.hybrid import HYBRID_TEXT_CONFIG, write_hybrid_pair  # noqa: PLC0415
+    from safetensors import safe_open  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForImageTextToText  # noqa: PLC0415
+
+    target, drafter = write_hybrid_pair(tmp_path)
+    raw = json.loads((target / "config.json").read_text())
+    assert raw["architectures"] == ["Qwen3_5ForConditionalGeneration"] and "vision_config" in raw
+    text = raw["text_config"]
+    assert "num_hidden_layers" not in raw and text["num_hidden_layers"] == 4
+    assert text["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    assert text["rope_parameters"]["partial_rotary_factor"] == 0.25
+    with safe_open(str(next(target.glob("*.safetensors"))), "pt") as weights:
+        names = set(weights.keys())
+    assert "model.language_model.layers.0.linear_attn.in_proj_qkv.weight" in names
+    assert "model.language_model.layers.3.self_attn.q_proj.weight" in names and "lm_head.weight" in names
+    assert any(name.startswith("model.visual.") for name in names)
+    assert AutoConfig.from_pretrained(str(target)).text_config.hidden_size == HYBRID_TEXT_CONFIG["hidden_size"]
+    model = AutoModelForImageTextToText.from_pretrained(str(target), dtype=torch.float32)
+    logits = model(input_ids=torch.tensor([suite_prompts()[0].input_ids[:12]])).logits
+    assert logits.shape == (1, 12, HYBRID_TEXT_CONFIG["vocab_size"]) and torch.isfinite(logits).all()
+    flat = json.loads((drafter / "config.json").read_text())
+    assert flat["architectures"] == ["DFlashDraftModel"] and flat["hidden_size"] == HYBRID_TEXT_CONFIG["hidden_size"]
+    assert max(flat["dflash_config"]["target_layer_ids"]) < text["num_hidden_layers"]
+    assert flat["block_size"] == 16 and "sliding_attention" in flat["layer_types"]
+    # written once: a second call reuses the checkpoint
+    stamp = (target / "config.json").stat().st_mtime_ns
+    write_hybrid_pair(tmp_path)
+    assert (target / "config.json").stat().st_mtime_ns == stamp

@@ -123,14 +123,19 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
     import contextlib
     import io
     import os
+    import tempfile
+    from pathlib import Path
 
+    from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
     from ddtree_runtime.acceptance.launch import server_command, server_environment
-    from ddtree_runtime.acceptance.plan import refusal_specs, serving_specs
+    from ddtree_runtime.acceptance.plan import HYBRID_FLAGS, refusal_specs, serving_specs
     from sglang.srt.arg_groups.overrides import record_foreign_defaults
     from sglang.srt.server_args import prepare_server_args
 
     _loaded()
-    cases = [(spec, None) for spec in serving_specs()] + refusal_specs()
+    models = Path(tempfile.mkdtemp(prefix="acceptance-models-"))
+    write_hybrid_pair(models)
+    cases = [(spec, None) for spec in serving_specs(models)] + refusal_specs()
     outcome = {}
     for spec, expected in cases:
         argv = server_command(spec, "python3", 30000)[3:]
@@ -153,7 +158,7 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
         finally:
             os.environ.clear()
             os.environ.update(saved)
-    return outcome
+    return {"specs": outcome, "hybrid_flags": list(HYBRID_FLAGS)}
 
 
 def cmd_hooks(_unused: list[str]) -> dict[str, Any]:

@@ -7,20 +7,35 @@ refusal must fail with the plugin's own message.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
 from contract_support import ProbeRunner
+
+SERVING_VARS = Path(__file__).resolve().parents[2] / "inventory" / "production" / "group_vars" / "serving.yml"
 
 
 def test_every_serving_command_parses_and_every_refusal_fails_with_the_plugins_message(
     run_probe: ProbeRunner,
 ) -> None:
-    outcome = run_probe("acceptance-commands")
+    outcome = run_probe("acceptance-commands")["specs"]
     serving = {name: o for name, o in outcome.items() if o["expected"] is None}
     refusals = {name: o for name, o in outcome.items() if o["expected"] is not None}
-    assert {"baseline", "ddtree-b16", "ddtree-b64", "dflash", "ddtree-b64-nographs"} <= set(serving)
+    assert {"baseline", "ddtree-b16", "ddtree-b64", "dflash", "ddtree-b64-nographs", "hybrid-baseline",
+            "ddtree-hybrid-b16", "dflash-hybrid"} <= set(serving)
     assert len(refusals) == 4
     for name, o in serving.items():
         assert o["ok"], f"{name}: {o.get('error')}"
-        assert o["algorithm"] == {"baseline": None, "dflash": "DFLASH"}.get(name.removesuffix("-nographs"), "DDTREE")
+        expected = None if "baseline" in name else "DFLASH" if name.startswith("dflash") else "DDTREE"
+        assert o["algorithm"] == expected, name
     for name, o in refusals.items():
         assert not o["ok"], f"{name} was accepted"
         assert o["expected"] in o["error"], f"{name}: {o['error']}"
+
+
+def test_the_hybrid_case_runs_the_mamba_settings_of_the_production_unit(run_probe: ProbeRunner) -> None:
+    flags = run_probe("acceptance-commands")["hybrid_flags"]
+    common = yaml.safe_load(SERVING_VARS.read_text())["pivot_serving_common_args"]
+    production = {key: str(value) for key, value in common.items() if key.startswith("mamba-")}
+    assert production, "the production inventory renders mamba settings for the hybrid target"
+    assert dict(zip(flags[::2], flags[1::2], strict=True)) == {f"--{k}": v for k, v in production.items()}

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
 from ddtree_runtime.acceptance.launch import ServerSpec
 from ddtree_runtime.acceptance.prompts import DRAFTER_DIR, TARGET_DIR, suite_prompts
 from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
@@ -30,6 +31,32 @@ def ddtree_spec(budget: int, cuda_graphs: bool = True, **overrides: object) -> S
 def dflash_spec(cuda_graphs: bool = True) -> ServerSpec:
     return ServerSpec("dflash" if cuda_graphs else "dflash-nographs", TARGET_DIR, algorithm="DFLASH",
                       draft_model_path=DRAFTER_DIR, draft_tokens=DRAFT_TOKENS, cuda_graphs=cuda_graphs)
+
+
+HYBRID_FLAGS = ("--mamba-full-memory-ratio", "0.5", "--mamba-radix-cache-strategy", "extra_buffer")
+"""The mamba settings the production unit renders (``pivot_serving_common_args`` in
+inventory/production/group_vars/serving.yml; a controller test holds the two equal)."""
+
+
+def hybrid_specs(models: Path) -> list[ServerSpec]:
+    """Case 7: baseline, DDTREE (budget 16) and DFLASH on the random Qwen3.5/3.6-style target."""
+    target, drafter = models / "hybrid-target", models / "hybrid-dflash"
+    return [
+        ServerSpec("hybrid-baseline", target, extra_flags=HYBRID_FLAGS),
+        ServerSpec("ddtree-hybrid-b16", target, algorithm="DDTREE", draft_model_path=drafter,
+                   draft_tokens=DRAFT_TOKENS, budget=16, extra_flags=HYBRID_FLAGS),
+        ServerSpec("dflash-hybrid", target, algorithm="DFLASH", draft_model_path=drafter, draft_tokens=DRAFT_TOKENS,
+                   extra_flags=HYBRID_FLAGS),
+    ]
+
+
+def _hybrid(suite: Suite) -> None:
+    models = suite.out_dir / "models"
+    write_hybrid_pair(models)
+    baseline, *speculative = hybrid_specs(models)
+    suite.run_hybrid_baseline(baseline)
+    for spec in speculative:
+        suite.run_hybrid_speculative(spec)
 
 
 def refusal_specs() -> list[tuple[ServerSpec, str]]:
@@ -66,9 +93,11 @@ def speculative_specs(cuda_graphs: bool) -> list[ServerSpec]:
     return [*(ddtree_spec(b, cuda_graphs=cuda_graphs) for b in DDTREE_BUDGETS), dflash_spec(cuda_graphs)]
 
 
-def serving_specs() -> list[ServerSpec]:
-    """Every server of the full plan that must start and serve (the refusals are :func:`refusal_specs`)."""
-    return [baseline_spec(), *speculative_specs(True), *speculative_specs(False)]
+def serving_specs(hybrid_models: Path | None = None) -> list[ServerSpec]:
+    """Every server of the full plan that must start and serve (the refusals are :func:`refusal_specs`); the
+    hybrid ones when given the directory their models are written to."""
+    specs = [baseline_spec(), *speculative_specs(True), *speculative_specs(False)]
+    return specs + (hybrid_specs(hybrid_models) if hybrid_models is not None else [])
 
 
 def full_plan() -> list[Step]:
@@ -78,6 +107,7 @@ def full_plan() -> list[Step]:
     steps += [_speculative(spec, load=True, sampling=spec.name == largest, requests=spec.name == largest)
               for spec in speculative_specs(True)]
     steps += [_speculative(spec) for spec in speculative_specs(False)]
+    steps.append(Step("hybrid", _hybrid))
     steps.append(Step("refusals", _refusals))
     return steps
 

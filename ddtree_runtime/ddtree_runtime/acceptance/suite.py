@@ -128,6 +128,7 @@ class Suite:
         self.baseline_load: list[list[int] | None] | None = None
         self.baseline_samples: list[list[int]] | None = None
         self.baseline_logprobs: list[dict[str, Any]] | None = None
+        self.hybrid_baseline: GreedyRun | None = None
         self.load = load_mix(prompts)
         self.agreements: dict[tuple[str, str], Agreement] = {}
         """(case, server) -> agreement with the baseline, settled against DFLASH's in :meth:`settle_equality`."""
@@ -150,6 +151,7 @@ class Suite:
             "baseline_load": self.baseline_load,
             "baseline_samples": self.baseline_samples,
             "baseline_logprobs": self.baseline_logprobs,
+            "hybrid_baseline": None if self.hybrid_baseline is None else vars(self.hybrid_baseline),
             "agreements": [{"case": c, "server": n, "prompts": a.prompts, "equal": a.equal,
                             "first_divergence": a.first_divergence} for (c, n), a in self.agreements.items()],
             "run_figures": [{"case": c, "server": n, "figures": f} for (c, n), f in self.run_figures.items()],
@@ -176,6 +178,8 @@ class Suite:
         self.baseline_load = state["baseline_load"]
         self.baseline_samples = state["baseline_samples"]
         self.baseline_logprobs = state["baseline_logprobs"]
+        hybrid = state.get("hybrid_baseline")
+        self.hybrid_baseline = None if hybrid is None else GreedyRun(**hybrid)
         self.agreements = {(a["case"], a["server"]): Agreement(a["prompts"], a["equal"], a["first_divergence"])
                            for a in state["agreements"]}
         self.run_figures = {(f["case"], f["server"]): f["figures"] for f in state["run_figures"]}
@@ -210,7 +214,7 @@ class Suite:
             server.stop()
             entry["exit_code"] = server.process.returncode
 
-    def check_identity(self, server: Server, algorithm: str | None) -> None:
+    def check_identity(self, server: Server, algorithm: str | None, case: str = "2. start + /server_info") -> None:
         """``/health_generate`` answered; ``/server_info`` names the algorithm the server was started with."""
         info = server.call("/server_info").body
         reported = info.get("speculative_algorithm") if isinstance(info, dict) else None
@@ -221,7 +225,7 @@ class Suite:
             figures["speculative_num_draft_tokens"] = info.get("speculative_num_draft_tokens")
             figures["speculative_eagle_topk"] = info.get("speculative_eagle_topk")
             figures["attention_backend"] = info.get("attention_backend")
-        self.record("2. start + /server_info", server.spec.name, ok,
+        self.record(case, server.spec.name, ok,
                     "" if ok else f"/server_info says {reported!r}, expected {expected!r}", **figures)
 
     # ---- baseline -----------------------------------------------------------------------------------------
@@ -265,6 +269,31 @@ class Suite:
                 self.sampling_case(server)
             if requests:
                 self.request_cases(server)
+
+        self.with_server(spec, body)
+
+    # ---- the hybrid target (case 7) ------------------------------------------------------------------------
+
+    def run_hybrid_baseline(self, spec: ServerSpec) -> None:
+        def body(server: Server) -> None:
+            run = greedy_run(server, self.prompts, self.max_new_tokens)
+            self.hybrid_baseline = run
+            self.record("7. hybrid baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
+                        tokens=run.completion_tokens, seconds=round(run.seconds, 2))
+
+        self.with_server(spec, body)
+
+    def run_hybrid_speculative(self, spec: ServerSpec) -> None:
+        case = "7. hybrid greedy == baseline"
+
+        def body(server: Server) -> None:
+            self.check_identity(server, spec.algorithm, "7. hybrid start + /server_info")
+            if self.hybrid_baseline is None:
+                raise ServerError("no hybrid baseline outputs to compare with")
+            run = greedy_run(server, self.prompts, self.max_new_tokens)
+            self.agreements[(case, spec.name)] = agreement(self.names, run.outputs, self.hybrid_baseline.outputs)
+            self.run_figures[(case, spec.name)] = {"accept_length": run.accept_length,
+                                                   "seconds": round(run.seconds, 2), "tokens": run.completion_tokens}
 
         self.with_server(spec, body)
 

@@ -1,0 +1,106 @@
+"""Case 7's models: a small random target of the Qwen3.5/3.6 architecture and a matching random DFlash drafter.
+
+The target is laid out the way Qwen3.6-27B ships: ``Qwen3_5ForConditionalGeneration`` with its text settings under
+``text_config`` (three Gated DeltaNet layers to one gated full-attention layer, partial rotary 0.25, separate
+``lm_head``), a vision tower beside it (tiny here), and the multimodal weight names (``model.language_model.*``,
+``model.visual.*``), written by transformers' own implementation with random weights. The drafter is the z-lab
+style flat DFlash config (``dflash_config.target_layer_ids``, ``mask_token_id``, one sliding-window layer) over the
+target's hidden size. Vocabulary: the shipped pair's byte tokenizer (320 ids), so the suite's prompts apply.
+Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddtree_runtime.labserver.models import LAB_BLOCK_SIZE, LAB_VOCAB, SPECIAL_TOKENS, ByteTokenizer
+from ddtree_runtime.reference.dflash import DFlashConfig, random_dflash, save_dflash
+
+HYBRID_LAYERS = 4
+"""Layers of the random target: ``linear_attention`` x 3, then ``full_attention`` (Qwen3.6's interval of 4)."""
+
+HYBRID_TEXT_CONFIG: dict[str, Any] = {
+    "vocab_size": LAB_VOCAB,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": HYBRID_LAYERS,
+    "layer_types": ["linear_attention"] * (HYBRID_LAYERS - 1) + ["full_attention"],
+    "full_attention_interval": HYBRID_LAYERS,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "eos_token_id": sorted(ByteTokenizer.eos_token_ids),
+}
+"""Qwen3.6-27B's text settings scaled down (27B: hidden 5120, 64 layers, 24 heads / 4 KV heads of 256, GDN
+16 key / 48 value heads of 128, vocabulary 248,320)."""
+
+HYBRID_DRAFTER_TARGET_LAYERS = [0, 2, 3]
+"""Target layers whose hidden states feed the drafter: GDN layers and the full-attention one (z-lab's Qwen3.6
+drafter reads five of 64 layers)."""
+
+HYBRID_VISION_CONFIG: dict[str, Any] = {
+    "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 256,
+    "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
+}
+# Unused ids of the byte vocabulary stand in for the vision special tokens (248,053-248,057 in Qwen3.6).
+HYBRID_VISION_TOKENS = {"image_token_id": 300, "video_token_id": 301, "vision_start_token_id": 302,
+                        "vision_end_token_id": 303}
+
+
+def write_hybrid_target(directory: Path, seed: int = 0) -> Path:
+    """A random ``Qwen3_5ForConditionalGeneration`` checkpoint (bf16 safetensors + config.json) in ``directory``."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration  # noqa: PLC0415 - transformers >= 5
+
+    config = Qwen3_5Config(text_config=dict(HYBRID_TEXT_CONFIG), vision_config=dict(HYBRID_VISION_CONFIG),
+                           tie_word_embeddings=False, **HYBRID_VISION_TOKENS)
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+    return directory
+
+
+def hybrid_drafter_config() -> DFlashConfig:
+    text = HYBRID_TEXT_CONFIG
+    return DFlashConfig(
+        vocab_size=text["vocab_size"],
+        hidden_size=text["hidden_size"],
+        intermediate_size=text["intermediate_size"],
+        num_hidden_layers=2,
+        num_attention_heads=text["num_attention_heads"],
+        num_key_value_heads=text["num_key_value_heads"],
+        head_dim=text["head_dim"],
+        block_size=LAB_BLOCK_SIZE,
+        target_layer_ids=HYBRID_DRAFTER_TARGET_LAYERS,
+        mask_token_id=SPECIAL_TOKENS["<|mask|>"],
+        max_position_embeddings=text["max_position_embeddings"],
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=2048,
+    )
+
+
+def write_hybrid_drafter(directory: Path, seed: int = 1) -> Path:
+    save_dflash(random_dflash(hybrid_drafter_config(), seed, std=0.02).to(torch.bfloat16), directory)
+    return directory
+
+
+def write_hybrid_pair(root: Path) -> tuple[Path, Path]:
+    """Both models under ``root`` (written once; a later run reuses them)."""
+    target, drafter = root / "hybrid-target", root / "hybrid-dflash"
+    if not (target / "config.json").is_file():
+        write_hybrid_target(target)
+    if not (drafter / "config.json").is_file():
+        write_hybrid_drafter(drafter)
+    return target, drafter
