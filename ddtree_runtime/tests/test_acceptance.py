@@ -25,7 +25,15 @@ from ddtree_runtime.acceptance.launch import (
     server_environment,
     start_server,
 )
-from ddtree_runtime.acceptance.plan import ddtree_spec, dflash_spec, full_plan, refusal_specs, select_steps
+from ddtree_runtime.acceptance.plan import (
+    Step,
+    ddtree_spec,
+    dflash_spec,
+    full_plan,
+    refusal_specs,
+    run_steps,
+    select_steps,
+)
 from ddtree_runtime.acceptance.prompts import load_mix, suite_prompts
 from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two_sample, first_difference
 from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
@@ -261,3 +269,18 @@ def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> 
     stamp = (target / "config.json").stat().st_mtime_ns
     write_hybrid_pair(tmp_path)
     assert (target / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_run_steps_saves_after_each_skips_finished_ones_and_stops_on_time(tmp_path: Path) -> None:
+    suite = make_suite(tmp_path, sys.executable)
+    ran: list[str] = []
+    saved: list[list[str]] = []
+
+    def step(name: str, seconds: float = 0.0) -> Step:
+        return Step(name, lambda _suite: (ran.append(name), time.sleep(seconds)))
+
+    steps = [step("a", 0.3), step("b"), step("c")]
+    suite.steps_done = ["b"]
+    left = run_steps(suite, steps, lambda s: saved.append(list(s.steps_done)), stop_after=0.1)
+    assert ran == ["a"] and left == ["c"] and saved == [["b", "a"]]
+    assert run_steps(suite, steps, lambda s: None) == [] and ran == ["a", "c"]

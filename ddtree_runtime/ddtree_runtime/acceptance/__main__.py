@@ -24,9 +24,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", type=lambda text: [n for n in text.split(",") if n], default=[],
                         help="comma-separated steps of the plan to run (servers by name, or 'refusals')")
     parser.add_argument("--resume", action="store_true",
-                        help="go on from the state an earlier run left in --out (its baseline, its case lines)")
+                        help="go on from the state an earlier run left in --out: its baseline and case lines are "
+                             "kept and its finished steps skipped")
     parser.add_argument("--mirror", type=Path,
                         help="after each step also copy results.json, results.md and a logs.tgz of --out here")
+    parser.add_argument("--stop-after", type=float,
+                        help="start no further step after this many seconds (exit 3; go on with --resume)")
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, help=f"--dtype of every server (default {DEFAULT_DTYPE})")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--health-timeout", type=float, default=600.0,
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = select_steps(args.plan, args.only)
     settings = SuiteSettings(args.python, args.max_new_tokens, args.health_timeout, args.dtype)
     suite = make_suite(args.out, settings, args.resume)
+    # Steps named with --only run again even when an earlier run finished them.
+    suite.steps_done = [name for name in suite.steps_done if name not in args.only]
 
     def after_step(done: Suite) -> None:
         done.save()
@@ -55,11 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.mirror is not None:
             mirror_results(args.out, args.mirror)
 
-    run_steps(suite, steps, after_step)
+    left = run_steps(suite, steps, after_step, args.stop_after)
     results = suite.all_results()
     failed = [r for r in results if not r.ok]
     print(f"acceptance: {len(results) - len(failed)} passed, {len(failed)} failed "
           f"(results in {args.out / 'results.md'})")
+    if left:
+        print(f"acceptance: stopped after {args.stop_after:g} s; not run yet: {', '.join(left)} (go on with --resume)")
+        return 3
     return 1 if failed else 0
 
 

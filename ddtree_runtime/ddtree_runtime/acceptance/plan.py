@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,12 +134,21 @@ def select_steps(plan: str, only: Sequence[str]) -> list[Step]:
     return [step for step in steps if step.name in only]
 
 
-def run_steps(suite: Suite, steps: Sequence[Step], after_step: Callable[[Suite], None]) -> None:
-    """Run ``steps`` in order; ``after_step`` (saving state and results) runs after each, so a run cut short keeps
-    what it finished."""
-    for step in steps:
+def run_steps(suite: Suite, steps: Sequence[Step], after_step: Callable[[Suite], None],
+              stop_after: float | None = None) -> list[str]:
+    """Run the ``steps`` not done yet, in order; ``after_step`` (saving state and results) runs after each, so a run
+    cut short keeps what it finished. No step starts once ``stop_after`` seconds have passed. Returns the names of
+    the steps left to run."""
+    started = time.monotonic()
+    pending = [step for step in steps if step.name not in suite.steps_done]
+    while pending:
+        if stop_after is not None and time.monotonic() - started > stop_after:
+            break
+        step = pending.pop(0)
         step.run(suite)
+        suite.steps_done.append(step.name)
         after_step(suite)
+    return [step.name for step in pending]
 
 
 def make_suite(out_dir: Path, settings: SuiteSettings, resume: bool) -> Suite:

@@ -134,6 +134,8 @@ class Suite:
         """(case, server) -> agreement with the baseline, settled against DFLASH's in :meth:`settle_equality`."""
         self.accept_lengths: dict[str, float | None] = {}
         self.run_figures: dict[tuple[str, str], dict[str, Any]] = {}
+        self.steps_done: list[str] = []
+        """Plan steps finished (by name); ``--resume`` skips them."""
 
     @property
     def names(self) -> list[str]:
@@ -156,6 +158,7 @@ class Suite:
                             "first_divergence": a.first_divergence} for (c, n), a in self.agreements.items()],
             "run_figures": [{"case": c, "server": n, "figures": f} for (c, n), f in self.run_figures.items()],
             "accept_lengths": self.accept_lengths,
+            "steps_done": self.steps_done,
         }
 
     def save(self) -> None:
@@ -184,6 +187,7 @@ class Suite:
                            for a in state["agreements"]}
         self.run_figures = {(f["case"], f["server"]): f["figures"] for f in state["run_figures"]}
         self.accept_lengths = state["accept_lengths"]
+        self.steps_done = state.get("steps_done", [])
 
     def forget(self, server: str) -> None:
         """Drop what an earlier run recorded for ``server`` (it is being run again)."""
