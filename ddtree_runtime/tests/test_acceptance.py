@@ -144,7 +144,8 @@ def test_suite_passes_a_server_pair_that_agrees(tmp_path: Path, fake_python: str
                 ("5. load: no errors, pools back to idle", "ddtree-b64"),
                 ("5. load: 16 concurrent == baseline", "ddtree-b64"),
                 ("6. sampling (T=0.7, top-p 0.95) matches the baseline's distribution", "ddtree-b64"),
-                ("8. request: logprobs (top 3)", "ddtree-b64"), ("8. request: stop token id", "ddtree-b64")}
+                ("8. request: logprobs (top 3)", "ddtree-b64"), ("8. request: stop token id", "ddtree-b64"),
+                ("8. request: stop string", "ddtree-b64"), ("8. request: grammar (regex)", "ddtree-b64")}
     assert expected <= set(results)
     tau = {r.server: r.figures["accept_length"] for r in suite.all_results() if r.case.startswith("3.")}
     assert tau["ddtree-b64"] > 2.5

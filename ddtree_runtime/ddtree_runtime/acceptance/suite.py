@@ -22,6 +22,9 @@ from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two
 
 GREEDY = {"temperature": 0.0, "stop_token_ids": STOP_TOKEN_IDS}
 SAMPLED = {"temperature": 0.7, "top_p": 0.95, "stop_token_ids": STOP_TOKEN_IDS}
+REQUEST_LABELS = ("logprobs (top 3)", "stop token id", "stop string", "grammar (regex)")
+"""Requests that stress the verify path (case 8): each must match the baseline's answer or fail alone, with the
+server still serving (with ``--skip-tokenizer-init`` SGLang may refuse stop strings and grammars per request)."""
 SAMPLING_ALPHA = 1e-3
 """Per-position false-failure probability of the distribution test (two positions: at most 2e-3 in all)."""
 
@@ -360,11 +363,13 @@ class Suite:
     # ---- requests that stress the verify path -------------------------------------------------------------
 
     def logprob_answers(self, server: Server) -> list[dict[str, Any]]:
-        """Greedy with logprobs, a stop token, and a top-logprobs request (answers or HTTP errors)."""
+        """The requests of :data:`REQUEST_LABELS`, greedy (answers, or the HTTP error a request got)."""
         prompt = self.prompts[1]
         bodies = [
             ({**GREEDY, "max_new_tokens": 48}, {"return_logprob": True, "top_logprobs_num": 3}),
             ({**GREEDY, "max_new_tokens": 64, "stop_token_ids": [*STOP_TOKEN_IDS, ord("\n")]}, {}),
+            ({**GREEDY, "max_new_tokens": 64, "stop": ["\n"]}, {}),
+            ({**GREEDY, "max_new_tokens": 32, "regex": "[a-z ]+"}, {}),
         ]
         answers = []
         for sampling, extra in bodies:
@@ -380,8 +385,7 @@ class Suite:
     def request_cases(self, server: Server) -> None:
         ours = self.logprob_answers(server)
         reference = self.baseline_logprobs or []
-        labels = ["logprobs (top 3)", "stop token id"]
-        for label, mine, theirs in zip(labels, ours, reference, strict=False):
+        for label, mine, theirs in zip(REQUEST_LABELS, ours, reference, strict=False):
             if not mine["ok"]:
                 alive = server.alive() and server.call("/health_generate", timeout=60).status == 200
                 self.record(f"8. request: {label}", server.spec.name, alive,
