@@ -16,7 +16,7 @@ rows (``-1`` padded; column 0 is the root) and ``accept_token_num [B]`` = accept
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -220,3 +220,41 @@ def local_topk(logits: torch.Tensor, k: int, id_offset: int) -> tuple[torch.Tens
     k_local = min(k, local.shape[-1])
     values, ids = ranked_topk(local, k_local)
     return values, ids + id_offset, torch.logsumexp(local, dim=-1)
+
+
+def gather_merged_topk(
+    values: torch.Tensor,
+    ids: torch.Tensor,
+    log_z: torch.Tensor,
+    k: int,
+    *,
+    world: int,
+    all_gather: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's share (:func:`local_topk`) gathered and merged: the same global top-k on every rank.
+
+    ``all_gather(t)`` concatenates each rank's ``t`` along dim 0 in rank order (SGLang's
+    ``tp_group.all_gather(t, dim=0)``); ``world`` is the number of ranks.
+    """
+    if world == 1:
+        return merge_sharded_topk([values], [ids], [log_z], k)
+    gathered = [all_gather(t.contiguous()).view(world, *t.shape) for t in (values, ids, log_z)]
+    return merge_sharded_topk(list(gathered[0]), list(gathered[1]), list(gathered[2]), k)
+
+
+_DIGEST_PRIME = 1_000_003
+_DIGEST_MASK = (1 << 61) - 1
+
+
+def round_digest(tensors: TreeVerifyTensors) -> torch.Tensor:
+    """A per-request int64 fingerprint of a round's trees (tokens, positions and links), on the tensors' device.
+
+    Ranks that build the same trees get the same digests; the worker compares them across TP ranks when
+    ``DDTREE_DEBUG_TREE_DIGEST=1``.
+    """
+    batch = tensors.candidates.shape[0]
+    fields = (tensors.candidates.reshape(batch, -1), tensors.positions.reshape(batch, -1),
+              tensors.retrieve_next_token.reshape(batch, -1), tensors.retrieve_next_sibling.reshape(batch, -1))
+    flat = torch.cat([f.to(torch.int64) for f in fields], dim=1)
+    weights = torch.arange(1, flat.shape[1] + 1, dtype=torch.int64, device=flat.device)
+    return ((flat + 7) * (weights * _DIGEST_PRIME % _DIGEST_MASK)).sum(dim=1) % _DIGEST_MASK

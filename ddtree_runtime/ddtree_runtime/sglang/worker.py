@@ -22,6 +22,7 @@ One decode round per batch (prefill, idle and DP-idle rounds are the parent's):
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,13 +49,17 @@ from ddtree_runtime.sglang.tree_inputs import (
     accepted_paths,
     committed_tokens,
     compiled_verify_tensors,
+    gather_merged_topk,
     local_topk,
-    merge_sharded_topk,
+    round_digest,
     tree_verify_tensors,
 )
 from ddtree_runtime.tree import build_tree_batch_from_topk
 
 logger = logging.getLogger(__name__)
+
+DIGEST_ENV = "DDTREE_DEBUG_TREE_DIGEST"
+"""``1``: each round, log a digest of the trees and compare it across TP ranks (a host read per round)."""
 
 
 @dataclass
@@ -103,6 +108,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self.ddtree = resolve_settings(int(self.block_size))
         self._refuse_unsupported_drafting()
         self._compiled = uses_compiled_kernels()
+        self._check_digests = os.environ.get(DIGEST_ENV, "") == "1"
+        self._round = 0
         logger.info(
             "DDTree worker: draft length %d, budget %d, top-k cap %s, verify width %d, tree builder %s",
             self.ddtree.draft_tokens, self.ddtree.budget, self.ddtree.max_topk, self.ddtree.verify_width,
@@ -143,6 +150,8 @@ class DDTreeWorker(DFlashWorkerV2):
         width = self.ddtree.verify_width
         draft_hidden = self._draft_block_hidden(batch, draft_input.bonus_tokens)
         tensors = self._verify_tensors(draft_hidden, draft_input.bonus_tokens, batch, bs)
+        if self._check_digests:
+            self._compare_tree_digests(tensors)
         verify_locs = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=self.model_runner.req_to_token_pool.req_to_token,
@@ -295,13 +304,22 @@ class DDTreeWorker(DFlashWorkerV2):
             top = ops.topk_log_probs(logits.view(-1, self.ddtree.max_depth, logits.shape[-1]), k)
             return top.log_probs.reshape(-1, k), top.ids.reshape(-1, k)
         values, ids, log_z = local_topk(logits, k, offset)
-        if world == 1:
-            return merge_sharded_topk([values], [ids], [log_z], k)
         # Every rank gathers every shard's candidates and normaliser, then runs the same merge.
-        gathered_values = tp_group.all_gather(values.contiguous(), dim=0).view(world, *values.shape)
-        gathered_ids = tp_group.all_gather(ids.contiguous(), dim=0).view(world, *ids.shape)
-        gathered_log_z = tp_group.all_gather(log_z.contiguous(), dim=0).view(world, *log_z.shape)
-        return merge_sharded_topk(list(gathered_values), list(gathered_ids), list(gathered_log_z), k)
+        return gather_merged_topk(values, ids, log_z, k, world=world,
+                                  all_gather=lambda t: tp_group.all_gather(t, dim=0))
+
+    def _compare_tree_digests(self, tensors: TreeVerifyTensors) -> None:
+        """Debug mode: every TP rank must have built the same trees this round (reads the device: debug only)."""
+        self._round += 1
+        tp_group = get_parallel().tp_group
+        world = int(tp_group.world_size)
+        digest = round_digest(tensors)
+        every = tp_group.all_gather(digest.contiguous(), dim=0).view(world, -1) if world > 1 else digest[None]
+        agree = bool((every == every[0]).all())
+        logger.info("DDTree round %d: tree digest %s on %d rank(s), %s", self._round, digest.tolist(), world,
+                    "equal" if agree else "DIFFERENT")
+        if not agree:
+            raise RuntimeError(f"DDTREE: TP ranks built different trees in round {self._round}: {every.tolist()}")
 
     # ---- 3) verify --------------------------------------------------------------------------------------------
 
