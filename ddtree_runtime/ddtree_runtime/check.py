@@ -12,7 +12,10 @@ Run on the serving host before the service is switched (the Ansible role does). 
   the GPU when there is one;
 - ``sglang_plugin``: SGLang in this environment resolves ``DDTREE`` through the plugin entry point and its worker
   class imports (required with
-  ``--require-sglang-plugin``; otherwise reported when SGLang is installed).
+  ``--require-sglang-plugin``; otherwise reported when SGLang is installed);
+- ``sglang_server``: with SGLang and a GPU at least half free, a short real start of stock ``sglang.launch_server``
+  with ``--speculative-algorithm DDTREE`` on a small random pair, one greedy request, stopped by PID
+  (:mod:`ddtree_runtime.acceptance.smoke`; ``--no-server-start`` skips it, a GPU a server holds is reported, not used).
 """
 
 from __future__ import annotations
@@ -134,11 +137,32 @@ def check_sglang_plugin(required: bool) -> Check | None:
                  f"SGLang {version('sglang')} resolves DDTREE to {algorithm!r}, worker {worker.__qualname__}")
 
 
-def run_checks(require_sglang_plugin: bool) -> list[Check]:
+SERVER_START_MIN_FREE = 0.5
+"""Share of the GPU's memory that must be free for the real server start (it takes a quarter: the suite's
+``--mem-fraction-static``); a GPU a running server holds is left alone."""
+
+
+def check_sglang_server(python: str = sys.executable) -> Check | None:
+    """A short real ``--speculative-algorithm DDTREE`` start, when SGLang and a free GPU are here."""
+    if importlib.util.find_spec("sglang") is None or not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    if free < SERVER_START_MIN_FREE * total:
+        return Check("sglang_server", True, f"not run: the GPU has {free / 2**30:.1f} of {total / 2**30:.1f} GiB "
+                     "free (a server holds it); run the check again once the GPU is free")
+    from ddtree_runtime.acceptance.smoke import ddtree_start  # noqa: PLC0415 - starts SGLang
+
+    result = ddtree_start(python)
+    return Check("sglang_server", result.ok, result.detail)
+
+
+def run_checks(require_sglang_plugin: bool, server_start: bool = True) -> list[Check]:
     checks: list[Callable[[], Check | None]] = [
         check_torch, check_gpu, check_cuda_extension, check_tree, check_ddtree_decode,
         lambda: check_sglang_plugin(require_sglang_plugin),
     ]
+    if server_start:
+        checks.append(check_sglang_server)
     results = []
     for run in checks:
         try:
@@ -155,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree_runtime.check", description="Self-check of ddtree_runtime.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     parser.add_argument("--require-sglang-plugin", action="store_true", help="fail unless SGLang resolves DDTREE")
+    parser.add_argument("--no-server-start", action="store_true",
+                        help="skip the short real DDTREE server start (run when SGLang and a free GPU are here)")
     options = parser.parse_args(argv)
-    results = run_checks(options.require_sglang_plugin)
+    results = run_checks(options.require_sglang_plugin, server_start=not options.no_server_start)
     ok = all(result.ok for result in results)
     if options.json:
         print(json.dumps({"ok": ok, "checks": [asdict(result) for result in results]}))

@@ -285,3 +285,27 @@ def test_run_steps_saves_after_each_skips_finished_ones_and_stops_on_time(tmp_pa
     left = run_steps(suite, steps, lambda s: saved.append(list(s.steps_done)), stop_after=0.1)
     assert ran == ["a"] and left == ["c"] and saved == [["b", "a"]]
     assert run_steps(suite, steps, lambda s: None) == [] and ran == ["a", "c"]
+
+
+# ---- the self-check's real start ------------------------------------------------------------------------------
+
+
+def test_self_check_start_passes_a_serving_ddtree_and_reports_a_crash(fake_python: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddtree_runtime.acceptance.smoke import ddtree_start  # noqa: PLC0415
+
+    result = ddtree_start(fake_python, timeout=30)
+    assert result.ok and "served DDTREE (budget 16)" in result.detail
+    monkeypatch.setenv("FAKE_SGLANG_MODE", "crash")
+    crashed = ddtree_start(fake_python, timeout=30)
+    assert not crashed.ok and "boom" in crashed.detail
+
+
+def test_self_check_random_pair_loads_in_the_reference_engine(tmp_path: Path) -> None:
+    from ddtree_runtime.acceptance.smoke import write_random_dense_pair  # noqa: PLC0415
+    from ddtree_runtime.reference.dflash import load_dflash  # noqa: PLC0415
+    from ddtree_runtime.reference.qwen3 import load_qwen3  # noqa: PLC0415
+
+    target, drafter = write_random_dense_pair(tmp_path)
+    assert load_qwen3(target).config.head_dim == 64
+    assert load_dflash(drafter).config.target_layer_ids == [0, 1]
