@@ -55,10 +55,14 @@ class DDTreeSettings:
         return self.budget + 1
 
     def decode_reservation(self, reserve: int) -> int:
-        """KV slots a decode step reserves past the committed length, given DFLASH's ``reserve`` (2 x D): the
-        drafter writes D slots and the verify W from the same start, so DDTree needs 2 x max(D, W) (DFLASH's
-        double buffer kept)."""
-        return max(reserve, 2 * max(self.draft_tokens, self.verify_width))
+        """KV slots a decode step reserves past the committed length, given DFLASH's ``reserve`` (2 x D).
+
+        The drafter writes D slots and the verify W from the same start, so at least max(D, W). Not 2 x W: DFLASH's
+        factor 2 absorbs the committed length lagging one step under overlap scheduling, which DDTREE runs without,
+        and SGLang sizes each request's ``req_to_token`` row with 4 + max(D, W) slots of headroom (from the same
+        ``resolve_max_speculative_num_draft_tokens``), which 2 x W would overrun near the context end.
+        """
+        return max(reserve, self.draft_tokens, self.verify_width)
 
     def topk_for_vocab(self, vocab_size: int) -> int:
         """Per-depth top-k DDTree uses for a vocabulary: ``min(budget, vocab, cap)``."""
