@@ -52,7 +52,7 @@ def rank_main(rank: int, init_file: str, out_dir: str) -> None:
         values, ids, log_z = local_topk(logits[:, rank * shard:(rank + 1) * shard], K, rank * shard)
 
         def all_gather(tensor: torch.Tensor) -> torch.Tensor:
-            parts = [torch.empty_like(tensor) for _ in range(WORLD)]
+            parts = [torch.empty_like(tensor) for _unused in range(WORLD)]
             dist.all_gather(parts, tensor)
             return torch.cat(parts, dim=0)
 
