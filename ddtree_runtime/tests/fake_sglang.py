@@ -65,13 +65,16 @@ def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> l
 def serve(argv: list[str]) -> None:
     algorithm = flag(argv, "--speculative-algorithm")
     rng = random.Random(0)
+    width = 1
     if algorithm == "DDTREE":
         width = int(os.environ.get("DDTREE_BUDGET", "15")) + 1
         print(f"DDTree worker: draft length 16, budget {width - 1}, top-k cap None, verify width {width}, tree "
               "builder ddtree_runtime.ops (compiled CUDA kernels)")
-        print(f"DDTree: capturing target-verify CUDA graphs at verify width {width} (tree + root)")
+    elif algorithm == "DFLASH":
+        width = 16
     if "--disable-cuda-graph" not in argv:
-        print("Capture cuda graph bs [1, 2, 4, 8, 16]")
+        print(f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req={width}, avail mem=1 GB")
+        print("Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16], elapsed=0.1 s")
     sys.stdout.flush()
     pid_file = os.environ.get("FAKE_SGLANG_CHILD_PID_FILE")
     if pid_file:
@@ -104,7 +107,10 @@ def serve(argv: list[str]) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             self.reply(200, answer(body, algorithm, rng))
 
-    server = ThreadingHTTPServer(("127.0.0.1", int(flag(argv, "--port") or 0)), Handler)
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 64  # the load case opens 16 connections at once (socketserver's default backlog is 5)
+
+    server = Server(("127.0.0.1", int(flag(argv, "--port") or 0)), Handler)
     server.serve_forever()
 
 

@@ -134,7 +134,7 @@ def test_suite_passes_a_server_pair_that_agrees(tmp_path: Path, fake_python: str
     suite.run_speculative(ddtree_spec(64), load=True, sampling=True, requests=True)
     suite.run_speculative(dflash_spec(), load=True, sampling=False, requests=False)
     results = by_case(suite)
-    failed = [key for key, ok in results.items() if not ok]
+    failed = [(r.case, r.server, r.detail) for r in suite.all_results() if not r.ok]
     assert not failed, failed
     expected = {("1. baseline greedy", "baseline"), ("2. start + /server_info", "ddtree-b64"),
                 ("2. greedy == baseline", "ddtree-b64"), ("2. greedy == baseline", "dflash"),

@@ -27,6 +27,8 @@ COMMON_FLAGS: tuple[str, ...] = (
     "--mem-fraction-static", "0.25",
     "--max-running-requests", "16",
     "--cuda-graph-max-bs-decode", "16",
+    # Prefill graphs (58 shapes up to 8192 tokens) took 35 s of a 116 s start on the H200; no case needs them.
+    "--disable-prefill-cuda-graph",
     "--random-seed", "0",
     "--log-level", "info",
 )
