@@ -2,7 +2,7 @@
 
 Each server is started, used by every case that needs it, and stopped before the next starts (one GPU). Results
 are :class:`CaseResult` lines; equality verdicts that depend on SGLang's own DFLASH (bf16 can make exact equality
-impossible for it too) are settled in :meth:`Suite.settle_equality` once every server has run.
+impossible for it too) are settled in :meth:`Suite.verdicts` from every server run so far.
 """
 
 from __future__ import annotations
@@ -120,7 +120,6 @@ class Suite:
     def __init__(self, out_dir: Path, prompts: list[Prompt], settings: SuiteSettings) -> None:
         self.out_dir = out_dir
         self.prompts = prompts
-        self.settings = settings
         self.python = settings.python
         self.max_new_tokens = settings.max_new_tokens
         self.health_timeout = settings.health_timeout
@@ -134,7 +133,7 @@ class Suite:
         self.hybrid_baseline: GreedyRun | None = None
         self.load = load_mix(prompts)
         self.agreements: dict[tuple[str, str], Agreement] = {}
-        """(case, server) -> agreement with the baseline, settled against DFLASH's in :meth:`settle_equality`."""
+        """(case, server) -> agreement with the baseline, settled against DFLASH's in :meth:`equality_verdicts`."""
         self.accept_lengths: dict[str, float | None] = {}
         self.run_figures: dict[tuple[str, str], dict[str, Any]] = {}
         self.steps_done: list[str] = []
@@ -184,13 +183,13 @@ class Suite:
         self.baseline_load = state["baseline_load"]
         self.baseline_samples = state["baseline_samples"]
         self.baseline_logprobs = state["baseline_logprobs"]
-        hybrid = state.get("hybrid_baseline")
+        hybrid = state["hybrid_baseline"]
         self.hybrid_baseline = None if hybrid is None else GreedyRun(**hybrid)
         self.agreements = {(a["case"], a["server"]): Agreement(a["prompts"], a["equal"], a["first_divergence"])
                            for a in state["agreements"]}
         self.run_figures = {(f["case"], f["server"]): f["figures"] for f in state["run_figures"]}
         self.accept_lengths = state["accept_lengths"]
-        self.steps_done = state.get("steps_done", [])
+        self.steps_done = state["steps_done"]
 
     def forget(self, server: str) -> None:
         """Drop what an earlier run recorded for ``server`` (it is being run again)."""
