@@ -1,9 +1,11 @@
 """Case 7's models: a small random target of the Qwen3.5/3.6 architecture and a matching random DFlash drafter.
 
-The target is laid out the way Qwen3.6-27B ships: ``Qwen3_5ForConditionalGeneration`` with its text settings under
+The target has the layout of the Qwen3.5/3.6 multimodal checkpoints as transformers' own
+``Qwen3_5ForConditionalGeneration`` writes them (the architecture Qwen3.6-27B names): text settings under
 ``text_config`` (three Gated DeltaNet layers to one gated full-attention layer, partial rotary 0.25, separate
 ``lm_head``), a vision tower beside it (tiny here), and the multimodal weight names (``model.language_model.*``,
-``model.visual.*``), written by transformers' own implementation with random weights. The drafter is the z-lab
+``model.visual.*``), with random weights. It was not compared with the real Qwen3.6-27B ``config.json`` here (no
+download); its scaled-down figures follow the public 27B settings quoted below. The drafter is the z-lab
 style flat DFlash config (``dflash_config.target_layer_ids``, ``mask_token_id``, one sliding-window layer) over the
 target's hidden size. Vocabulary: the shipped pair's byte tokenizer (320 ids), so the suite's prompts apply.
 Nothing is downloaded.
