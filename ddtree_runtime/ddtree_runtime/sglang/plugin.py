@@ -32,9 +32,10 @@ DEFAULT_MAX_RUNNING_REQUESTS = 48
 """What SGLang's DFLASH handler defaults ``max_running_requests`` to; DDTREE verifies more tokens per request."""
 
 SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
-"""Backends whose TARGET_VERIFY path applies a custom tree mask sized by the verify width in 0.5.23. FA3 (SGLang's
-default on Hopper) and FA4 size their verify buffers with the draft length and index a missing mask in the drafter;
-trtllm_mha rejects ``topk > 1``. Without ``--attention-backend`` DDTREE takes the first of these."""
+"""Backends whose TARGET_VERIFY path applies a custom tree mask sized by the verify width, read in 0.5.23's source
+(only triton has served DDTREE on a GPU so far). FA3 (SGLang's default on Hopper) and FA4 size their verify buffers
+with the draft length and index a missing mask in the drafter (read in the source, not run); trtllm_mha rejects
+``topk > 1``. Without ``--attention-backend`` DDTREE takes the first of these."""
 
 ATTENTION_BACKEND_FLAGS = (
     "attention_backend", "prefill_attention_backend", "decode_attention_backend", "speculative_draft_attention_backend",
