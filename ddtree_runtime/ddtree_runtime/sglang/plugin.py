@@ -207,17 +207,7 @@ def _dummy_verify_input_hook(
         return spec_info
     from ddtree_runtime.sglang.worker import DDTreeVerifyInput  # noqa: PLC0415
 
-    _log_capture_width_once(int(num_tokens_per_req))
     return DDTreeVerifyInput.for_graph_capture(custom_mask=custom_mask, width=num_tokens_per_req)
-
-
-_captured_widths: set[int] = set()
-
-
-def _log_capture_width_once(width: int) -> None:
-    if width not in _captured_widths:
-        _captured_widths.add(width)
-        logger.info("DDTree: capturing target-verify CUDA graphs at verify width %d (tree + root)", width)
 
 
 def _decode_reservation_hook(original: Callable[..., Any], reqs: Any, *, reserve: int, page_size: int) -> Any:
