@@ -166,6 +166,10 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
     def has_draft_kv(self) -> bool:
         return True
 
+    def carries_draft_hidden_states(self) -> bool:
+        # SpeculativeAlgorithm has it (EAGLE only), CustomSpecAlgo does not: the scheduler calls it at start.
+        return False
+
     def handle_server_args(self, server_args: Any) -> None:
         handle_server_args(server_args)
 
