@@ -37,6 +37,7 @@ from ddtree_runtime.acceptance.plan import (
 from ddtree_runtime.acceptance.prompts import load_mix, suite_prompts
 from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two_sample, first_difference
 from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
+from ddtree_runtime.model_layout import pair_problem
 
 FAKE = Path(__file__).with_name("fake_sglang.py")
 
@@ -250,8 +251,8 @@ def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> 
     raw = json.loads((target / "config.json").read_text())
     assert raw["architectures"] == ["Qwen3_5ForConditionalGeneration"] and "vision_config" in raw
     text = raw["text_config"]
-    assert "num_hidden_layers" not in raw and text["num_hidden_layers"] == 4
-    assert text["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    assert "num_hidden_layers" not in raw and text["num_hidden_layers"] == 8
+    assert text["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 2
     assert text["rope_parameters"]["partial_rotary_factor"] == 0.25
     with safe_open(str(next(target.glob("*.safetensors"))), "pt") as weights:
         names = set(weights.keys())
@@ -264,7 +265,7 @@ def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> 
     assert logits.shape == (1, 12, HYBRID_TEXT_CONFIG["vocab_size"]) and torch.isfinite(logits).all()
     flat = json.loads((drafter / "config.json").read_text())
     assert flat["architectures"] == ["DFlashDraftModel"] and flat["hidden_size"] == HYBRID_TEXT_CONFIG["hidden_size"]
-    assert max(flat["dflash_config"]["target_layer_ids"]) < text["num_hidden_layers"]
+    assert pair_problem(target, drafter) is None
     assert flat["block_size"] == 16 and "sliding_attention" in flat["layer_types"]
     # written once: a second call reuses the checkpoint
     stamp = (target / "config.json").stat().st_mtime_ns
@@ -309,3 +310,4 @@ def test_self_check_random_pair_loads_in_the_reference_engine(tmp_path: Path) ->
     target, drafter = write_random_dense_pair(tmp_path)
     assert load_qwen3(target).config.head_dim == 64
     assert load_dflash(drafter).config.target_layer_ids == [0, 1]
+    assert pair_problem(target, drafter) is None

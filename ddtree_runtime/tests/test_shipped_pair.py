@@ -18,6 +18,7 @@ from ddtree_runtime.eval.backends import SHIPPED_DRAFTER, SHIPPED_MODELS, SHIPPE
 from ddtree_runtime.eval.runner import evaluate
 from ddtree_runtime.eval.tasks import CODING_TASKS, HELD_OUT_PROMPTS, load_prompts
 from ddtree_runtime.labserver.models import SPECIAL_TOKENS
+from ddtree_runtime.model_layout import pair_problem
 from ddtree_runtime.reference import load_dflash, load_qwen3
 from ddtree_runtime.sampling import SamplingParams
 from ddtree_runtime.train.__main__ import main as train_main
@@ -43,7 +44,11 @@ def test_configs_follow_the_qwen3_and_z_lab_dflash_schemas():
     assert drafter_raw["dflash_config"]["mask_token_id"] == SPECIAL_TOKENS["<|mask|>"]
     target, drafter = load_qwen3(SHIPPED_TARGET), load_dflash(SHIPPED_DRAFTER)
     assert target.config.vocab_size == drafter.config.vocab_size == 320
-    assert all(0 <= i < target.config.num_hidden_layers for i in drafter.config.target_layer_ids)
+    # What SGLang needs to serve the pair (the first H200 runs failed on both): no drafter read of the target's last
+    # layer, and a power-of-two half head_dim for its bf16 fused QK-norm/RoPE kernel.
+    assert pair_problem(SHIPPED_TARGET, SHIPPED_DRAFTER) is None
+    for head_dim in (target.config.head_dim, drafter.config.head_dim):
+        assert (head_dim // 2) & (head_dim // 2 - 1) == 0
     assert set(target.config.eos_token_id) == {SPECIAL_TOKENS["<|endoftext|>"], SPECIAL_TOKENS["<|im_end|>"]}
     for directory in (SHIPPED_TARGET, SHIPPED_DRAFTER):
         provenance = json.loads((directory / "pivot_model.json").read_text())

@@ -21,6 +21,7 @@ when a kernel module is imported, not when the kernel runs.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
@@ -185,6 +186,17 @@ def cmd_hooks(_unused: list[str]) -> dict[str, Any]:
     }
 
 
+def cmd_algorithm_interface(_unused: list[str]) -> dict[str, Any]:
+    """Which of SpeculativeAlgorithm's methods DDTREE lacks, and how its argument-free answers compare with DFLASH's."""
+    algorithm_class = _loaded()
+    ddtree, dflash = algorithm_class.from_string("DDTREE"), algorithm_class.DFLASH
+    methods = sorted(name for name, value in vars(algorithm_class).items()
+                     if inspect.isfunction(value) and not name.startswith("_"))
+    predicates = [name for name in methods if len(inspect.signature(getattr(algorithm_class, name)).parameters) == 1]
+    return {"methods": methods, "missing": [name for name in methods if not hasattr(ddtree, name)],
+            "answers": {name: [getattr(ddtree, name)(), getattr(dflash, name)()] for name in predicates}}
+
+
 def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
     import torch
     from ddtree_runtime.sglang.tree_inputs import accepted_paths, tree_verify_tensors
@@ -224,7 +236,8 @@ def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
 
 
 COMMANDS = {"plugins": cmd_plugins, "plugins-as": cmd_plugins_as, "parse": cmd_parse,
-            "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks, "greedy-verify": cmd_greedy_verify,
+            "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks,
+            "algorithm-interface": cmd_algorithm_interface, "greedy-verify": cmd_greedy_verify,
             "acceptance-commands": cmd_acceptance_commands}
 
 

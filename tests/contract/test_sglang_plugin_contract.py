@@ -117,3 +117,51 @@ def test_sglang_greedy_tree_verify_walks_ddtree_layouts_like_the_reference(run_p
         assert request["sglang_committed"] == request["ddtree_committed"]
         assert request["sglang_committed"][-1] == request["bonus"]
     assert any(len(request["ddtree_nodes"]) > 1 for request in result["requests"])
+
+
+DELIBERATE_DIFFERENCES_FROM_DFLASH = {
+    # CustomSpecAlgo's conservative False where DFLASH says True; none of these paths has run a tree verify:
+    # grammar FSM advanced inside verify under the overlap barrier (DDTREE runs without overlap and builds its
+    # grammar masks per tree itself),
+    "supports_grammar_overlap",
+    # --enable-mixed-chunk kept on (SGLang turns it off for DDTREE instead),
+    "supports_mixed_chunk",
+    # the target's EXTEND declared to have no later shared-buffer reader (the early release is skipped).
+    "supports_prefill_shared_read_done",
+}
+
+
+def test_ddtree_has_every_method_of_sglangs_algorithm_enum_and_answers_like_dflash(run_probe: ProbeRunner) -> None:
+    """0.5.23 checks only is_*/supports_* on plugin algorithms; the scheduler also calls create_future_map and
+    carries_draft_hidden_states at start, and the first H200 start died on each in turn."""
+    result = run_probe("algorithm-interface")
+    assert {"create_future_map", "carries_draft_hidden_states", "need_topk"} <= set(result["methods"])
+    assert result["missing"] == []
+    differing = {name for name, (ddtree, dflash) in result["answers"].items() if ddtree != dflash}
+    assert differing == DELIBERATE_DIFFERENCES_FROM_DFLASH, result["answers"]
+    assert all(result["answers"][name] == [False, True] for name in differing)
+
+
+def _write_config(directory: Path, config: dict[str, object]) -> str:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    return str(directory)
+
+
+@pytest.mark.parametrize(("target_config", "readable"), [
+    ({"num_hidden_layers": 6}, False),
+    ({"text_config": {"num_hidden_layers": 6}, "vision_config": {}}, False),
+    ({"num_hidden_layers": 7}, True),
+])
+def test_a_drafter_reading_the_targets_last_layer_is_refused_at_start(
+    run_probe: ProbeRunner, tmp_path: Path, target_config: dict[str, object], readable: bool
+) -> None:
+    target = _write_config(tmp_path / "target", target_config)
+    drafter = _write_config(tmp_path / "drafter", {"dflash_config": {"target_layer_ids": [1, 3, 5]}})
+    args = [target if arg == "/models/target" else drafter if arg == "/models/drafter" else arg
+            for arg in PRODUCTION_LIKE]
+    if readable:
+        assert run_probe("resolve-spec", args)["resolved"]["speculative_num_draft_tokens"] == 16
+        return
+    failed = run_probe("resolve-spec", args, expect_rc=1)
+    assert "SGLang can capture only layers 0..4 of this 6-layer target" in failed["stderr"]

@@ -21,16 +21,19 @@ import torch
 from ddtree_runtime.labserver.models import LAB_BLOCK_SIZE, LAB_VOCAB, SPECIAL_TOKENS, ByteTokenizer
 from ddtree_runtime.reference.dflash import DFlashConfig, random_dflash, save_dflash
 
-HYBRID_LAYERS = 4
-"""Layers of the random target: ``linear_attention`` x 3, then ``full_attention`` (Qwen3.6's interval of 4)."""
+HYBRID_LAYERS = 8
+"""Layers of the random target: twice ``linear_attention`` x 3, then ``full_attention`` (Qwen3.6's interval of 4)."""
+
+FULL_ATTENTION_INTERVAL = 4
 
 HYBRID_TEXT_CONFIG: dict[str, Any] = {
     "vocab_size": LAB_VOCAB,
     "hidden_size": 256,
     "intermediate_size": 512,
     "num_hidden_layers": HYBRID_LAYERS,
-    "layer_types": ["linear_attention"] * (HYBRID_LAYERS - 1) + ["full_attention"],
-    "full_attention_interval": HYBRID_LAYERS,
+    "layer_types": (["linear_attention"] * (FULL_ATTENTION_INTERVAL - 1) + ["full_attention"])
+    * (HYBRID_LAYERS // FULL_ATTENTION_INTERVAL),
+    "full_attention_interval": FULL_ATTENTION_INTERVAL,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 64,
@@ -48,9 +51,9 @@ HYBRID_TEXT_CONFIG: dict[str, Any] = {
 """Qwen3.6-27B's text settings scaled down (27B: hidden 5120, 64 layers, 24 heads / 4 KV heads of 256, GDN
 16 key / 48 value heads of 128, vocabulary 248,320)."""
 
-HYBRID_DRAFTER_TARGET_LAYERS = [0, 2, 3]
-"""Target layers whose hidden states feed the drafter: GDN layers and the full-attention one (z-lab's Qwen3.6
-drafter reads five of 64 layers)."""
+HYBRID_DRAFTER_TARGET_LAYERS = [1, 3, 5]
+"""Target layers whose hidden states feed the drafter: GDN layers and a full-attention one, never the last layer
+(SGLang cannot capture it, :mod:`ddtree_runtime.model_layout`; z-lab's Qwen3.6 drafter reads five of 64 layers)."""
 
 HYBRID_VISION_CONFIG: dict[str, Any] = {
     "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 256,

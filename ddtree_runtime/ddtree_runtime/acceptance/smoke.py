@@ -24,8 +24,8 @@ SMOKE_BUDGET = 16
 
 def write_random_dense_pair(root: Path) -> tuple[Path, Path]:
     """A random Qwen3 target and DFlash drafter under ``root`` (head_dim 64: SGLang's bf16 drafter kernels need
-    head_dim / 2 to be a power of two)."""
-    target = Qwen3Config(vocab_size=LAB_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    head_dim / 2 to be a power of two; three target layers: SGLang cannot capture the last one for the drafter)."""
+    target = Qwen3Config(vocab_size=LAB_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
                          eos_token_id=sorted(ByteTokenizer.eos_token_ids))
     drafter = DFlashConfig(vocab_size=LAB_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=1,

@@ -23,6 +23,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from sglang.srt.speculative.spec_registry import get_spec as registered_algorithm
 
+from ddtree_runtime.model_layout import pair_problem
 from ddtree_runtime.sglang import compat
 from ddtree_runtime.sglang.config import DDTreeConfigError, DDTreeSettings, resolve_settings
 
@@ -80,6 +81,9 @@ def validate_server_args(server_args: Any) -> None:
         _refuse(str(error))
     if getattr(server_args, "speculative_draft_model_path", None) is None:
         _refuse("needs --speculative-draft-model-path (the DFlash drafter)")
+    layout_problem = pair_problem(getattr(server_args, "model_path", ""), server_args.speculative_draft_model_path)
+    if layout_problem is not None:
+        _refuse(layout_problem)
     device = getattr(server_args, "device", None)
     if device is not None and not str(device).startswith("cuda"):
         _refuse(f"runs on CUDA only, not on device {device!r}")
@@ -166,9 +170,14 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
     def has_draft_kv(self) -> bool:
         return True
 
-    def carries_draft_hidden_states(self) -> bool:
-        # SpeculativeAlgorithm has it (EAGLE only), CustomSpecAlgo does not: the scheduler calls it at start.
-        return False
+    # SpeculativeAlgorithm methods that 0.5.23's CustomSpecAlgo lacks (its conformity check covers only is_* and
+    # supports_*), called by the scheduler at start and by its FutureMap: without them a plugin algorithm dies before
+    # its first request (found on the H200). The enum's bodies are written in terms of the is_*() answers above, so
+    # borrowing them gives DDTREE what they give DFLASH.
+    carries_draft_hidden_states = SpeculativeAlgorithm.carries_draft_hidden_states
+    create_future_map = SpeculativeAlgorithm.create_future_map
+    need_topk = SpeculativeAlgorithm.need_topk
+    get_platform_worker_cls = SpeculativeAlgorithm.get_platform_worker_cls
 
     def handle_server_args(self, server_args: Any) -> None:
         handle_server_args(server_args)

@@ -52,10 +52,11 @@ class PairShape:
 
 
 SHAPES = {
-    # The shipped pair: about 2.8M target and 1.4M drafter parameters (bf16 on disk: ~8 MB together).
-    "tiny": PairShape(192, 576, 6, 3, 4, 2, 48, (1, 3, 5)),
+    # The shipped pair. SGLang captures a target layer's output as the input of the next layer, so the drafter may
+    # not read the last layer; its bf16 fused QK-norm/RoPE kernel needs a power-of-two head_dim.
+    "tiny": PairShape(192, 576, 6, 3, 4, 2, 64, (1, 2, 4)),
     # CPU smoke runs and tests.
-    "smoke": PairShape(32, 64, 2, 1, 2, 1, 16, (0, 1)),
+    "smoke": PairShape(32, 64, 3, 1, 2, 1, 16, (0, 1)),
 }
 
 
