@@ -227,7 +227,7 @@ def test_state_resumes_and_refuses_other_settings(tmp_path: Path, fake_python: s
     later.run_speculative(dflash_spec(), load=False, sampling=False, requests=False)
     assert by_case(later)[("2. greedy == baseline", "dflash")]
     with pytest.raises(ValueError, match="resume with the same settings"):
-        make_suite(tmp_path, fake_python, dtype="bfloat16").resume()
+        make_suite(tmp_path, fake_python, dtype="float16").resume()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command runs the real suite")

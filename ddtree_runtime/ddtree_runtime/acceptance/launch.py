@@ -34,10 +34,11 @@ COMMON_FLAGS: tuple[str, ...] = (
 )
 """Flags every server of the suite gets (baseline and speculative alike), so outputs are comparable."""
 
-DEFAULT_DTYPE = "float16"
-"""``--dtype`` of every server. SGLang 0.5.23 on an H200, measured: in bfloat16 its DFlash drafter runs a Triton
-qk-norm + rope kernel that needs ``head_dim / 2`` to be a power of two (the shipped pair has head_dim 48: DFLASH and
-DDTREE die capturing the drafter's graphs); float32 has no sgl_kernel rmsnorm."""
+DEFAULT_DTYPE = "bfloat16"
+"""``--dtype`` of every server: what production serves. SGLang 0.5.23 on an H200, measured: in bfloat16 its DFlash
+drafter runs a Triton qk-norm + rope kernel that needs ``head_dim / 2`` to be a power of two (the pair was retrained
+with head_dim 64 for it; float16 skips that kernel and served DFLASH with the earlier pair's head_dim 48); float32
+has no sgl_kernel rmsnorm."""
 
 STRICT_MEMORY_CHECK = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 """SGLang's own idle-time KV/req pool leak check raises instead of warning."""
