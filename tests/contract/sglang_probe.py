@@ -197,6 +197,53 @@ def cmd_algorithm_interface(_unused: list[str]) -> dict[str, Any]:
             "answers": {name: [getattr(ddtree, name)(), getattr(dflash, name)()] for name in predicates}}
 
 
+def cmd_verify_mask(argv: list[str]) -> dict[str, Any]:
+    """Elements of the target's tree-mask buffer as the triton backend allocates it, under ``argv[0]``'s algorithm
+    (D = 16, context 100, 2 requests)."""
+    import types
+
+    import torch
+
+    _loaded()
+    from sglang.srt import runtime_context
+    from sglang.srt.layers.attention import triton_backend
+
+    runtime_context.get_spec = lambda: types.SimpleNamespace(speculative_num_draft_tokens=16,
+                                                             speculative_algorithm=argv[0])
+    sizes = {}
+    for role, is_draft_runner in (("target", False), ("drafter", True)):
+        mask = triton_backend.maybe_create_verify_mask(
+            is_draft_runner=is_draft_runner, skip_prefill=False, max_bs=2, max_context_len=100, num_draft_tokens=16,
+            device="cpu", is_read=True, dtype=torch.uint8)
+        sizes[role] = None if mask is None else int(mask.buffer.numel())
+    return sizes
+
+
+def cmd_commit_features(_unused: list[str]) -> dict[str, Any]:
+    """What DDTreeWorker hands SGLang's draft-KV writer after a round (D = 4, W = 9, two requests), with the writer
+    replaced by a recorder: the worker's own commit step, not a copy of it."""
+    import torch
+
+    _loaded()
+    from ddtree_runtime.sglang.tree_inputs import accepted_paths
+    from ddtree_runtime.sglang.worker import DDTreeWorker
+
+    worker = object.__new__(DDTreeWorker)  # only block_size and the writer are read
+    worker.block_size = 4
+    recorded: dict[str, Any] = {}
+    worker._append_target_hidden_to_draft_kv_by_loc = lambda **kwargs: recorded.update(kwargs)
+    width = 9
+    # request 0 accepts nodes 0 -> 3 -> 7 (tau 3), request 1 only its root (tau 1); rows are flat b * W + node
+    accept_index = torch.tensor([[0, 3, 7, -1], [9, -1, -1, -1]], dtype=torch.int32)
+    paths = accepted_paths(accept_index, torch.tensor([2, 0]), width)
+    write_ids = torch.arange(100, 100 + 2 * width).view(2, width)
+    hidden = torch.arange(2 * width, dtype=torch.float32)[:, None].expand(-1, 3).contiguous()
+    worker._append_committed_features(hidden, paths, write_ids, torch.tensor([10, 20]))
+    return {"hidden_rows": recorded["target_hidden"][:, 0].to(torch.long).tolist(),
+            "cache_loc_2d": recorded["cache_loc_2d"].tolist(), "positions": recorded["positions"].tolist(),
+            "commit_lens": recorded["commit_lens"].tolist()}
+
+
 def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
     import torch
     from ddtree_runtime.sglang.tree_inputs import accepted_paths, tree_verify_tensors
@@ -237,8 +284,9 @@ def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
 
 COMMANDS = {"plugins": cmd_plugins, "plugins-as": cmd_plugins_as, "parse": cmd_parse,
             "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks,
-            "algorithm-interface": cmd_algorithm_interface, "greedy-verify": cmd_greedy_verify,
-            "acceptance-commands": cmd_acceptance_commands}
+            "algorithm-interface": cmd_algorithm_interface, "verify-mask": cmd_verify_mask,
+            "commit-features": cmd_commit_features,
+            "greedy-verify": cmd_greedy_verify, "acceptance-commands": cmd_acceptance_commands}
 
 
 def run_command(command: str, rest: list[str]) -> int:

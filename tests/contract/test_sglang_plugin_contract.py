@@ -109,6 +109,32 @@ def test_hooks_apply_and_the_worker_subclasses_dflash_v2(run_probe: ProbeRunner)
         result["verify_input_fields"])
 
 
+@pytest.mark.parametrize(("algorithm", "env", "target_cells"), [
+    # D = 16, 2 requests, context 100: DFLASH verifies D tokens, DDTREE W = budget + 1 (65, or 16 by default).
+    ("DFLASH", {"DDTREE_BUDGET": "64"}, 2 * 16 * (100 + 16)),
+    ("DDTREE", {"DDTREE_BUDGET": "64"}, 2 * 65 * (100 + 65)),
+    ("DDTREE", {}, 2 * 16 * (100 + 16)),
+])
+def test_the_triton_tree_mask_buffer_holds_a_full_width_verify(
+    run_probe: ProbeRunner, algorithm: str, env: dict[str, str], target_cells: int
+) -> None:
+    """SGLang sizes it with D and copies the round's mask in on every graph replay: W > D overflowed it once the
+    batch's contexts were long enough (found reading the 0.5.23 source)."""
+    sizes = run_probe("verify-mask", [algorithm], env=env)
+    assert sizes == {"target": target_cells, "drafter": None}
+
+
+def test_the_drafter_gets_the_accepted_path_in_the_draft_pools_ids_and_only_d_rows(run_probe: ProbeRunner) -> None:
+    """Rows past D would reach past the fused writer's context + D rotary cache; the ids must be the draft pool's
+    (``_draft_write_ids``), not the target's verify slots (found reading the 0.5.23 source)."""
+    result = run_probe("commit-features")
+    # the accepted nodes first (in path order), then the other slots ascending, cut to D = 4 columns
+    assert result["hidden_rows"] == [0, 3, 7, 1, 9, 10, 11, 12]
+    assert result["cache_loc_2d"] == [[100, 103, 107, 101], [109, 110, 111, 112]]
+    assert result["positions"] == [10, 11, 12, 13, 20, 21, 22, 23]
+    assert result["commit_lens"] == [3, 1]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sglang_greedy_tree_verify_walks_ddtree_layouts_like_the_reference(run_probe: ProbeRunner, seed: int) -> None:
     result = run_probe("greedy-verify", [str(seed)], env={"TRITON_INTERPRET": "1"})

@@ -27,6 +27,8 @@ HOOK_TARGETS = (
     "sglang.srt.speculative.spec_info.create_dummy_verify_input",
     # DFLASH's decode step reserves 2 x D KV slots; a tree verify needs W = budget + 1 from the same start.
     "sglang.srt.speculative.dflash_info_v2.page_aligned_decode_alloc_lens",
+    # Triton sizes the target's graph-replay tree-mask buffer with D; a tree verify writes W rows per request.
+    "sglang.srt.layers.attention.verify_mask.maybe_create_verify_mask",
 )
 """Functions the plugin wraps with ``HookRegistry`` (AROUND)."""
 
@@ -41,6 +43,7 @@ REQUIRED_ATTRIBUTES = (
     "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func",
     "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only",
     "sglang.srt.speculative.eagle_utils.eagle_sample",
+    "sglang.srt.layers.sampler.apply_custom_logit_processor",
     "sglang.srt.speculative.draft_worker_common.make_draft_input_v2",
     "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func",
     "sglang.srt.runtime_context.get_spec",

@@ -230,10 +230,18 @@ def _decode_reservation_hook(original: Callable[..., Any], reqs: Any, *, reserve
     return original(reqs, reserve=reserve, page_size=page_size)
 
 
+def _verify_mask_size_hook(original: Callable[..., Any], **kwargs: Any) -> Any:
+    """The target's graph-replay tree-mask buffer: SGLang sizes it with D; a DDTree verify writes W x (len + W)."""
+    if ddtree_is_active() and not kwargs.get("is_draft_runner") and kwargs.get("num_draft_tokens"):
+        kwargs["num_draft_tokens"] = max(int(kwargs["num_draft_tokens"]), published_settings().verify_width)
+    return original(**kwargs)
+
+
 HOOKS: dict[str, Callable[..., Any]] = {
     "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy": _mask_policy_hook,
     "sglang.srt.speculative.spec_info.create_dummy_verify_input": _dummy_verify_input_hook,
     "sglang.srt.speculative.dflash_info_v2.page_aligned_decode_alloc_lens": _decode_reservation_hook,
+    "sglang.srt.layers.attention.verify_mask.maybe_create_verify_mask": _verify_mask_size_hook,
 }
 
 

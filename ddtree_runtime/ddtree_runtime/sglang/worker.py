@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -173,6 +174,11 @@ class DDTreeWorker(DFlashWorkerV2):
                 reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
                 device=logits_output.next_token_logits.device, barrier=grammar_barrier,
             )
+        if batch.sampling_info.has_custom_logit_processor:
+            # As DFLASH's verify does; eagle_sample applies penalties, logit bias and the grammar mask itself.
+            apply_custom_logit_processor(
+                logits_output.next_token_logits, batch.sampling_info, num_tokens_in_batch=width
+            )
         predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output, grammar_mask)
         paths = accepted_paths(accept_index, accept_lens - 1, width)
         if batch.return_logprob:
@@ -184,7 +190,8 @@ class DDTreeWorker(DFlashWorkerV2):
             self._commit_mamba_state(batch, seq_lens_pre_verify, new_seq_lens, paths)
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self._append_committed_features(logits_output.hidden_states, paths, verify_locs, prefix_lens, bs)
+        write_ids = self._draft_write_ids(verify_input.kv_loc_plan).view(bs, width)
+        self._append_committed_features(logits_output.hidden_states, paths, write_ids, prefix_lens)
         logits_output.hidden_states = None
         out_tokens = committed_tokens(predict, paths, int(self.block_size))
         bonus = torch.gather(out_tokens, 1, (paths.lengths - 1)[:, None]).view(-1)
@@ -334,7 +341,6 @@ class DDTreeWorker(DFlashWorkerV2):
             write_virtual=verify_locs.reshape(-1),
             read_extent=width,
         )
-        self._verify_plan = plan
         verify_input = DDTreeVerifyInput(
             draft_token=tensors.candidates.reshape(-1),
             positions=tensors.positions,
@@ -378,15 +384,21 @@ class DDTreeWorker(DFlashWorkerV2):
         req_to_token[rows, columns] = torch.gather(verify_locs, 1, order).to(req_to_token.dtype)
 
     def _append_committed_features(
-        self, hidden: torch.Tensor, paths: AcceptedPaths, verify_locs: torch.Tensor, prefix_lens: torch.Tensor, bs: int
+        self, hidden: torch.Tensor, paths: AcceptedPaths, write_ids: torch.Tensor, prefix_lens: torch.Tensor
     ) -> None:
-        """Write the accepted nodes' target features into the drafter KV at their committed positions."""
-        width = verify_locs.shape[1]
-        order = accepted_first_order(paths, width)
+        """Write the accepted nodes' target features into the drafter KV at their committed positions.
+
+        ``write_ids`` are the verify slots as the draft pool indexes them (the parent's ``_draft_write_ids``). Only
+        the first min(D, W) columns go to the drafter: no accepted path is longer, and the fused writer computes
+        K/V and rotary for every row it is given (rows past D would reach past its ``context + D`` rotary cache).
+        """
+        bs, width = write_ids.shape
+        kept = min(int(self.block_size), width)  # a path is at most min(D, W) nodes long
+        order = accepted_first_order(paths, width)[:, :kept]
         rows = (torch.arange(bs, device=order.device)[:, None] * width + order).reshape(-1)
         features = hidden.view(bs * width, -1)[rows]
-        cache_loc_2d = torch.gather(verify_locs, 1, order)
-        offsets = torch.arange(width, device=order.device)[None, :]
+        cache_loc_2d = torch.gather(write_ids, 1, order)
+        offsets = torch.arange(kept, device=order.device)[None, :]
         positions = (prefix_lens[:, None].to(torch.long) + offsets).reshape(-1)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=features,
