@@ -48,9 +48,24 @@ class JobSpec:
     max_roots: int = 1
 
 
+def element_matches(argv_element: str, wanted: str) -> bool:
+    """``wanted`` equals the argv element, or, when ``wanted`` is a bare file name (no ``/``), the argv element is a
+    path to that file: ``train.py`` matches ``/root/train.py`` and ``./train.py``, never ``mytrain.py``,
+    ``/root/train.py.bak``, an option such as ``--config=/root/train.py`` or code such as
+    ``-c "...; /root/train.py"``."""
+    if argv_element == wanted:
+        return True
+    looks_like_path = ("/" in argv_element and not argv_element.startswith("-") and "=" not in argv_element
+                       and not any(char.isspace() for char in argv_element))
+    if "/" in wanted or not looks_like_path:
+        return False
+    return os.path.basename(argv_element) == wanted
+
+
 def argv_matches(argv: tuple, wanted: list) -> bool:
-    """Every wanted element must equal one argv element exactly; no substring or pattern matching."""
-    return bool(wanted) and all(element in argv for element in wanted)
+    """Every wanted element must match one argv element (:func:`element_matches`); no substring or pattern
+    matching."""
+    return bool(wanted) and all(any(element_matches(arg, element) for arg in argv) for element in wanted)
 
 
 def describe(info: ProcessInfo) -> dict:

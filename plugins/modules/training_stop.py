@@ -57,9 +57,11 @@ options:
     type: str
   cmdline_match:
     description:
-      - Command-line elements that must each equal one element of a process's argv exactly, for example the script
-        path as the launcher passed it (V(/root/train/run.sh)) or a unique flag value. There is no substring or
-        pattern matching.
+      - Command-line elements that must each match one element of a process's argv, for example the script
+        (V(train_dflash_pipeline.py) or V(/root/train_dflash_pipeline.py)) or a unique flag value.
+      - An element matches when it equals the argv element or, for a bare file name (no V(/)), when the argv
+        element is a path to that file (V(train.py) matches V(/root/train.py), not V(mytrain.py),
+        V(/root/train.py.bak) or V(--config=/root/train.py)). There is no substring or pattern matching.
       - Matching processes that descend from another matching process belong to the same job tree; the number of
         separate trees is limited by O(max_roots).
       - With O(pidfile), only guards the pidfile against a recycled PID.

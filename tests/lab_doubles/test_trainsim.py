@@ -362,7 +362,8 @@ def test_run_sh_is_the_parent_of_the_trainer_and_passes_trainsim_args(trainsim, 
     trainsim.wait_for_log("Holding 1000 MiB on GPU(s) 3")
     [trainer] = children_of(run.pid)
     processes.track(trainer)
-    assert proc_cmdline(trainer)[:2] == ["python3", "train_dflash_pipeline.py"]
+    # the user's shape: python3 -u /root/train_dflash_pipeline.py (a path, found by the file name)
+    assert proc_cmdline(trainer)[:3] == ["python3", "-u", str(TRAINSIM / "train_dflash_pipeline.py")]
     assert "--report-every" in proc_cmdline(trainer)
     assert compute_apps(trainsim) == [(trainer, 1000, "00000000:5D:00.0")]
     os.kill(trainer, signal.SIGTERM)

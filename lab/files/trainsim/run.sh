@@ -4,7 +4,8 @@
 #   ./run.sh [--nproc-per-node N] [trainer flags...]
 #
 # Like a typical hand-written run.sh it stays in the foreground as the PARENT of the
-# trainer (bash -> python3 train_dflash_pipeline.py, or bash -> torchrun agent -> workers)
+# trainer (bash -> python3 -u /opt/trainsim/train_dflash_pipeline.py, the shape of the user's
+# `python3 -u /root/train_dflash_pipeline.py`, or bash -> torchrun agent -> workers)
 # and exits with the trainer's status. It sets no traps: SIGTERM to this bash kills only
 # the bash and leaves the trainer running, re-parented -- as with a real run.sh.
 # Extra trainer flags can come from $TRAINSIM_ARGS (split on whitespace), so the script
@@ -21,5 +22,5 @@ esac
 if (( nproc > 0 )); then
   ./torchrun --nproc-per-node="$nproc" train_dflash_pipeline.py ${TRAINSIM_ARGS:-} "$@"
 else
-  python3 train_dflash_pipeline.py ${TRAINSIM_ARGS:-} "$@"
+  python3 -u "$PWD/train_dflash_pipeline.py" ${TRAINSIM_ARGS:-} "$@"
 fi

@@ -85,13 +85,32 @@ def test_cgroup_membership_v2_and_v1_hybrid():
     assert not in_cgroup(None, unit)
 
 
-def test_argv_match_is_exact():
+def test_argv_match_is_exact_or_a_script_by_its_file_name():
     argv = ("python3", "/root/train/train.py", "--lr", "1e-4")
     assert argv_matches(argv, ["/root/train/train.py"])
     assert argv_matches(argv, ["/root/train/train.py", "--lr"])
-    assert not argv_matches(argv, ["train.py"])
+    assert argv_matches(argv, ["train.py"]), "a bare file name matches the script's path"
+    assert not argv_matches(argv, ["/root/other/train.py"]), "a path matches only itself"
     assert not argv_matches(argv, ["/root/train/train.py", "--epochs"])
+    assert not argv_matches(argv, ["train"])
     assert not argv_matches(argv, [])
+
+
+@pytest.mark.parametrize("argv", [
+    ("python3", "-u", "/root/mytrain.py"),
+    ("python3", "/root/train.py.bak"),
+    ("python3", "serve.py", "--config=/root/train.py"),
+    ("python3", "-c", "import x; /root/train.py"),
+    ("tail", "-f", "/root/train.log"),
+])
+def test_a_file_name_never_matches_a_substring_or_an_option(argv):
+    assert not argv_matches(argv, ["train.py"])
+
+
+def test_the_users_trainer_is_found_by_its_script_name():
+    """CT200 runs ``python3 -u /root/train_dflash_pipeline.py`` under run.sh; the inventory names the script."""
+    assert argv_matches(("python3", "-u", "/root/train_dflash_pipeline.py"), ["train_dflash_pipeline.py"])
+    assert not argv_matches(("bash", "/root/run.sh"), ["train_dflash_pipeline.py"])
 
 
 def test_env_selectors():
