@@ -138,6 +138,20 @@ class CheckpointWatcher:
             return None
         return max(complete, key=lambda item: (item.step if item.step is not None else -1, item.mtime))
 
+    def newest_before(self) -> Checkpoint | None:
+        """The best checkpoint that already existed at the baseline: highest step, then newest. Complete means the
+        marker exists or, without a marker, a non-zero size (an old entry is not watched for stability)."""
+        found = []
+        for path, mtime_ns in self.baseline.items():
+            size, _count = entry_size(path)
+            complete = os.path.exists(os.path.join(path, self.spec.marker)) if self.spec.marker else size > 0
+            if complete:
+                step = parse_step(os.path.basename(path), self.spec.step_regex)
+                found.append(Checkpoint(path=path, step=step, mtime=mtime_ns / 1e9, size=size))
+        if not found:
+            return None
+        return max(found, key=lambda item: (item.step if item.step is not None else -1, item.mtime))
+
     def pending(self) -> list:
         """New entries seen so far that are not complete yet (for the failure message)."""
         return sorted(path for path, mtime_ns in list_entries(self.spec).items() if self._is_new(path, mtime_ns))

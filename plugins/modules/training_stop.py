@@ -309,6 +309,46 @@ checkpoint:
       type: str
   sample: {path: /root/train/checkpoints/step_5400, step: 5400, size_bytes: 1048576,
            requested_at: "2026-11-30T15:34:01Z", completed_at: "2026-11-30T15:35:12Z"}
+previous_checkpoint:
+  description: The best complete checkpoint that existed before the request (highest step); what a forced stop
+    leaves to resume from.
+  returned: when O(checkpoint.path) is set
+  type: dict
+  contains:
+    path:
+      description: Its path; null when there was none.
+      type: str
+    step:
+      description: Its step; null when unknown.
+      type: int
+  sample: {path: /root/train/checkpoints/step_4000, step: 4000}
+forced:
+  description: Present and true when O(force=true) overrode a checkpoint that could not be requested or did not land.
+  returned: when the stop was forced
+  type: bool
+  sample: true
+work_lost:
+  description: What a forced stop lost, also sent as a warning and put at the front of RV(msg).
+  returned: when the stop was forced
+  type: dict
+  contains:
+    reason:
+      description: What force overrode.
+      type: str
+    last_checkpoint:
+      description: RV(previous_checkpoint.path).
+      type: str
+    last_checkpoint_step:
+      description: RV(previous_checkpoint.step).
+      type: int
+    last_logged_step:
+      description: RV(last_step).
+      type: int
+    steps_lost:
+      description: RV(last_step) minus the checkpoint's step; null when either is unknown.
+      type: int
+  sample: {reason: "No new complete checkpoint ...", last_checkpoint: /root/train/checkpoints/step_4000,
+           last_checkpoint_step: 4000, last_logged_step: 5381, steps_lost: 1381}
 last_step:
   description: The last training step found in the tail of O(log_file); null without a log file or a match.
   returned: always
@@ -441,6 +481,7 @@ class TrainingStop:
         self.trigger_created = False
         self.started = time.monotonic()
         self.open_phase = None  # (name, start) of a phase a failure may interrupt, so its timing is still reported
+        self.forced_because = []  # what force=true overrode
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
@@ -581,6 +622,8 @@ class TrainingStop:
         return True
 
     def refuse_or_force(self, msg: str) -> None:
+        if self.params["force"]:
+            self.forced_because.append(msg)
         if not self.params["force"]:
             self.remove_trigger()
             self.fail(msg + " The job was left running; nothing was stopped.")
@@ -600,6 +643,10 @@ class TrainingStop:
         watcher = self.checkpoint_watcher()
         if watcher is not None:
             watcher.take_baseline()
+            previous = watcher.newest_before()
+            self.result["previous_checkpoint"] = {
+                "path": previous.path if previous else None, "step": previous.step if previous else None,
+            }
         requested_at = utc_now()
         requested = True
         if self.checkpoint_params["request"] != "none":
@@ -725,10 +772,37 @@ class TrainingStop:
             if checkpoint.get("path")
             else ""
         )
-        self.finish(
-            "Stopped %d process(es)%s; SIGKILL was %sneeded."
-            % (len(outcome.terminated) or len(members), saved, "" if self.result["sigkill_needed"] else "not ")
+        stopped = "Stopped %d process(es)%s; SIGKILL was %sneeded." % (
+            len(outcome.terminated) or len(members), saved, "" if self.result["sigkill_needed"] else "not ")
+        self.read_last_step()
+        if self.forced_because:
+            stopped = self.report_lost_work() + " " + stopped
+        self.finish(stopped)
+
+    def report_lost_work(self) -> str:
+        """force=true overrode a missing checkpoint: say, in the result and as a warning, what is lost."""
+        previous = self.result.get("previous_checkpoint") or {"path": None, "step": None}
+        last_step = self.result.get("last_step")
+        steps_lost = None
+        if last_step is not None and previous["step"] is not None and last_step >= previous["step"]:
+            steps_lost = last_step - previous["step"]
+        self.result["forced"] = True
+        self.result["work_lost"] = {
+            "reason": " ".join(self.forced_because),
+            "last_checkpoint": previous["path"],
+            "last_checkpoint_step": previous["step"],
+            "last_logged_step": last_step,
+            "steps_lost": steps_lost,
+        }
+        message = "FORCED STOP WITHOUT A NEW CHECKPOINT: resume from %s (step %s); the log had reached step %s%s." % (
+            previous["path"] or "no checkpoint at all",
+            "-" if previous["step"] is None else previous["step"],
+            "-" if last_step is None else last_step,
+            ", so %d steps of training are lost" % steps_lost if steps_lost is not None
+            else "; the work since then is lost",
         )
+        self.module.warn(message)
+        return message
 
     def finish(self, msg: str) -> None:
         self.read_last_step()

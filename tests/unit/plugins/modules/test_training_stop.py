@@ -105,6 +105,47 @@ def test_checkpoint_timeout_with_force_stops_anyway(run_module, trainers, tmp_pa
     assert any("force=true" in warning for warning in result["warnings"])
     assert signals_of(result, popen.pid) == ["SIGUSR1", "SIGTERM"]
     assert not alive(popen.pid)
+    assert result["forced"] is True and result["work_lost"]["last_checkpoint"] is None
+    assert result["msg"].startswith("FORCED STOP WITHOUT A NEW CHECKPOINT: resume from no checkpoint at all")
+
+
+def test_a_forced_stop_says_which_checkpoint_to_resume_from_and_how_many_steps_are_lost(
+    run_module, trainers, tmp_path, alive
+):
+    """The trainer never saves (no SIGUSR1 checkpoint lands); force=true stops it and the result says so loudly."""
+    for step in (3000, 4000):
+        (tmp_path / "ckpt" / f"step_{step}").mkdir(parents=True)
+        (tmp_path / "ckpt" / f"step_{step}" / "COMPLETE").write_text("")
+    (tmp_path / "ckpt" / "step_4500").mkdir()  # a half-written one does not count
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"[1m] step={step} loss=0.5\n" for step in range(5000, 5382)))
+    popen = trainers.start("single", "--checkpoint", "signal")
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers), force=True, log_file=str(log),
+             checkpoint=checkpoint_opts(tmp_path, timeout=0.3)),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert not alive(popen.pid)
+    assert result["previous_checkpoint"] == {"path": str(tmp_path / "ckpt" / "step_4000"), "step": 4000}
+    lost = result["work_lost"]
+    assert (lost["last_checkpoint_step"], lost["last_logged_step"], lost["steps_lost"]) == (4000, 5381, 1381)
+    assert "No new complete checkpoint" in lost["reason"]
+    expected = (f"FORCED STOP WITHOUT A NEW CHECKPOINT: resume from {tmp_path / 'ckpt' / 'step_4000'} (step 4000); "
+                "the log had reached step 5381, so 1381 steps of training are lost.")
+    assert result["msg"].startswith(expected)
+    assert expected in result["warnings"]
+
+
+def test_a_stop_that_was_not_forced_reports_no_lost_work(run_module, trainers, tmp_path):
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers), force=True, checkpoint=checkpoint_opts(tmp_path)),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert "forced" not in result and "work_lost" not in result
+    assert result["previous_checkpoint"] == {"path": None, "step": None}
 
 
 def test_slow_checkpoint_within_timeout(run_module, trainers, tmp_path):
