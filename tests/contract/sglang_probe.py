@@ -244,6 +244,22 @@ def cmd_commit_features(_unused: list[str]) -> dict[str, Any]:
             "commit_lens": recorded["commit_lens"].tolist()}
 
 
+def cmd_smoke_request(_unused: list[str]) -> dict[str, Any]:
+    """The release smoke request as SGLang's OpenAI layer parses it."""
+    import importlib.util
+    from pathlib import Path
+
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    path = Path(__file__).resolve().parents[2] / "roles" / "sglang_release" / "files" / "smoke.py"
+    spec = importlib.util.spec_from_file_location("release_smoke", path)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    request = ChatCompletionRequest(**smoke.request_body("qwen", 48, "Write fizzbuzz."))
+    return {"chat_template_kwargs": request.chat_template_kwargs, "temperature": request.temperature,
+            "max_tokens": request.max_tokens}
+
+
 def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
     import torch
     from ddtree_runtime.sglang.tree_inputs import accepted_paths, tree_verify_tensors
@@ -285,7 +301,7 @@ def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
 COMMANDS = {"plugins": cmd_plugins, "plugins-as": cmd_plugins_as, "parse": cmd_parse,
             "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks,
             "algorithm-interface": cmd_algorithm_interface, "verify-mask": cmd_verify_mask,
-            "commit-features": cmd_commit_features,
+            "commit-features": cmd_commit_features, "smoke-request": cmd_smoke_request,
             "greedy-verify": cmd_greedy_verify, "acceptance-commands": cmd_acceptance_commands}
 
 

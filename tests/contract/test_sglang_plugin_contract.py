@@ -191,3 +191,8 @@ def test_a_drafter_reading_the_targets_last_layer_is_refused_at_start(
         return
     failed = run_probe("resolve-spec", args, expect_rc=1)
     assert "SGLang can capture only layers 0..4 of this 6-layer target" in failed["stderr"]
+
+
+def test_sglang_parses_the_release_smoke_request_and_keeps_thinking_off(run_probe: ProbeRunner) -> None:
+    result = run_probe("smoke-request")
+    assert result == {"chat_template_kwargs": {"enable_thinking": False}, "temperature": 0, "max_tokens": 48}

@@ -2,6 +2,11 @@
 
 usage: smoke.py PORT MODEL MAX_TOKENS COUNT PROMPT   (API key, if any, from the SGLANG_API_KEY environment)
 Prints {"answers": [...], "latency_s": [...]}; exits 1 with a message when a request fails.
+
+Reasoning models: the request asks the chat template not to think (``enable_thinking: false``, which Qwen3-style
+templates honour and others ignore), and an answer is the reasoning text (``reasoning_content``, what SGLang's
+``--reasoning-parser`` splits off) followed by the content, so a think block that did not finish within MAX_TOKENS
+still counts as an answer instead of an empty one.
 """
 
 from __future__ import annotations
@@ -14,9 +19,14 @@ import urllib.error
 import urllib.request
 
 
+def request_body(model: str, max_tokens: int, prompt: str) -> dict:
+    """One greedy chat request that asks the template not to think."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": max_tokens, "chat_template_kwargs": {"enable_thinking": False}}
+
+
 def ask(port: int, model: str, max_tokens: int, prompt: str) -> tuple[str, float]:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": max_tokens}
+    body = request_body(model, max_tokens, prompt)
     headers = {"Content-Type": "application/json"}
     if os.environ.get("SGLANG_API_KEY"):
         headers["Authorization"] = "Bearer " + os.environ["SGLANG_API_KEY"]
@@ -26,7 +36,12 @@ def ask(port: int, model: str, max_tokens: int, prompt: str) -> tuple[str, float
     with urllib.request.urlopen(request, timeout=300) as response:
         reply = json.load(response)
     latency = time.monotonic() - started
-    return reply["choices"][0]["message"].get("content") or "", latency
+    return answer_text(reply["choices"][0]["message"]), latency
+
+
+def answer_text(message: dict) -> str:
+    """The reasoning (if the server split any off) and the content, as one text."""
+    return (message.get("reasoning_content") or "") + (message.get("content") or "")
 
 
 def main(argv: list[str]) -> int:

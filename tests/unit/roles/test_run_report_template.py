@@ -55,3 +55,22 @@ def test_a_checkpointed_stop_carries_no_warning() -> None:
     text = render([stop_phase({"work_lost": None, "checkpoint_path": "/c/step_5400", "checkpoint_step": 5400})])
     assert "WITHOUT a new checkpoint" not in text
     assert "| checkpoint | /c/step_5400 (step 5400) |" in text
+
+
+def switch_phase(findings: dict) -> dict:
+    return {"phase": "switch_service", "host": "pro6000", "status": "failed", "seconds": 80.0, "started": 2,
+            "error": "The switch failed.", "findings": findings}
+
+
+def release_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("| release |"))
+
+
+def test_the_report_tells_a_rollback_that_worked_from_one_that_left_the_server_down() -> None:
+    rolled_back = render([switch_phase({"release": "ddtree-16", "failure": "x", "rolled_back_to": "nextn-baseline"})])
+    assert release_line(rolled_back) == "| release | ddtree-16 FAILED, rolled back to nextn-baseline |"
+    down = render([switch_phase({"release": "ddtree-16", "failure": "x", "rollback_to": "nextn-baseline",
+                                 "rollback_failure": "y", "server_down": True})])
+    assert release_line(down) == (
+        "| release | ddtree-16 FAILED, and the rollback to nextn-baseline FAILED: **the server is DOWN** |")
+    assert "rolled back to" not in down
