@@ -222,8 +222,13 @@ class PlaybookRun:
 
     @property
     def run_id(self) -> str | None:
-        first = self.result["plays"][0]["tasks"][0]["hosts"].get("localhost", {})
-        return first.get("ansible_facts", {}).get("pivot_run_id")
+        """The id phase 0 named the run with on localhost; None when phase 0 did not get that far."""
+        for play in self.result.get("plays", []):
+            for task in play["tasks"]:
+                facts = task["hosts"].get("localhost", {}).get("ansible_facts", {})
+                if "pivot_run_id" in facts:
+                    return facts["pivot_run_id"]
+        return None
 
     @property
     def report(self) -> dict | None:
@@ -271,11 +276,12 @@ def _ansible_env(callback: str) -> dict[str, str]:
     return {**os.environ, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": callback}
 
 
-def run_playbook(playbook: str, *extra_vars: str, check: bool = False, diff: bool = False) -> PlaybookRun:
+def run_playbook(playbook: str, *extra_vars: str, check: bool = False, diff: bool = False,
+                 limit: str | None = None) -> PlaybookRun:
     """Runs playbooks/<playbook> from the repository root against the lab; extra_vars are `-e` values as a user
     types them (key=value, or JSON)."""
     cmd = ["ansible-playbook", f"playbooks/{playbook}", *_extra_var_args(extra_vars)]
-    cmd += ["--check"] * check + ["--diff"] * diff
+    cmd += ["--check"] * check + ["--diff"] * diff + (["--limit", limit] if limit is not None else [])
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=_ansible_env("ansible.posix.json"), capture_output=True, text=True,
                           timeout=PLAYBOOK_TIMEOUT_S, check=False)

@@ -44,6 +44,28 @@ def test_bad_input_fails_in_phase_0_and_touches_nothing(
     assert after_training.lock is None and after_serving.lock is None
 
 
+@pytest.mark.parametrize(("playbook", "limit"), [
+    ("pivot.yml", "pro6000"), ("pivot.yml", "localhost,pro6000"), ("rollback_nextn.yml", "pro6000"),
+])
+def test_limit_is_refused_before_anything_is_touched(
+    playbook: str, limit: str, training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """Without localhost, phase 0 (run name, input checks) would be skipped and the next play fail on
+    hostvars['localhost']; the playbooks choose hosts with pivot_*_hosts instead."""
+    job = training()
+
+    run = pivotlab.run_playbook(playbook, limit=limit)
+
+    assert run.rc != 0, run.summary()
+    assert f"--limit is not supported (given: {limit})" in run.message, run.summary()
+    assert "-e pivot_training_hosts=HOST -e pivot_serving_hosts=HOST" in run.message, run.summary()
+    assert run.report is None
+    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
+    pivotlab.assert_training_untouched(job, after_training)
+    pivotlab.assert_serving_untouched(baseline, after_serving)
+    assert after_training.lock is None and after_serving.lock is None
+
+
 def test_missing_drafter_fails_in_preflight_and_touches_nothing(
     training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
 ) -> None:
