@@ -14,11 +14,44 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+HYBRID_ARCHITECTURES = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"})
+HYBRID_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_text"})
+LINEAR_ATTENTION = "linear_attention"
+FULL_ATTENTION = "full_attention"
+DEFAULT_FULL_ATTENTION_INTERVAL = 4
+"""Qwen3.5/3.6 (and transformers' ``Qwen3_5TextConfig``) make every fourth layer full attention unless told."""
+
 
 def text_settings(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's settings: ``text_config`` of a multimodal checkpoint (Qwen3.5/3.6), else the config."""
     nested = config.get("text_config")
     return nested if isinstance(nested, Mapping) else config
+
+
+def is_hybrid_target(config: Mapping[str, Any]) -> bool:
+    """Whether a target config is the Qwen3.5/3.6 hybrid (Gated DeltaNet + gated attention) architecture."""
+    architectures = set(config.get("architectures") or [])
+    text = text_settings(config)
+    return (
+        bool(architectures & HYBRID_ARCHITECTURES)
+        or config.get("model_type") in HYBRID_MODEL_TYPES
+        or text.get("model_type") in HYBRID_MODEL_TYPES
+        or LINEAR_ATTENTION in (text.get("layer_types") or [])
+    )
+
+
+def hybrid_layer_types(text: Mapping[str, Any]) -> list[str]:
+    """Per-layer ``linear_attention`` / ``full_attention``: ``layer_types`` when given, else every
+    ``full_attention_interval``-th layer (1-based) is full attention, as transformers derives it."""
+    layers = int(text["num_hidden_layers"])
+    given = text.get("layer_types")
+    if given:
+        types = [str(t) for t in given]
+        if len(types) != layers or set(types) - {LINEAR_ATTENTION, FULL_ATTENTION}:
+            raise ValueError(f"layer_types must name {layers} layers as {LINEAR_ATTENTION} or {FULL_ATTENTION}")
+        return types
+    interval = int(text.get("full_attention_interval") or DEFAULT_FULL_ATTENTION_INTERVAL)
+    return [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)]
 
 
 def drafter_target_layer_ids(config: Mapping[str, Any]) -> list[int] | None:

@@ -49,6 +49,7 @@ __all__ = [
     "build_tree_batch_from_topk",
     "build_tree_from_topk",
     "depth_log_probs",
+    "parents_from_visibility",
     "ranked_topk",
     "retrieve_lists_from_parents",
     "visibility_from_parents",
@@ -133,6 +134,25 @@ def visibility_from_parents(parents: torch.Tensor) -> torch.Tensor:
             vis[:, i, :i] = inherited
         vis[:, i, i] = True
     return vis.reshape(*batch_shape, size, size)
+
+
+def parents_from_visibility(visibility: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`visibility_from_parents` for one forest: ``parents [N]`` from ``visibility [N, N]``.
+
+    A node's parent is its highest-index visible earlier node (ancestors precede their descendants). Raises
+    ``ValueError`` when the matrix is not exactly the ancestor-or-self matrix of a forest in that order, e.g. a
+    node that sees a sibling: such a mask cannot be run through recurrent state, which follows one path.
+    """
+    size = visibility.shape[-1]
+    if tuple(visibility.shape) != (size, size):
+        raise ValueError(f"visibility must be square, got {list(visibility.shape)}")
+    earlier = torch.tril(visibility, diagonal=-1)
+    index = torch.arange(size, device=visibility.device)
+    highest = torch.where(earlier, index[None, :], torch.full_like(earlier, NO_NODE, dtype=torch.long))
+    parents = highest.max(dim=-1).values if size else torch.zeros(0, dtype=torch.long, device=visibility.device)
+    if not torch.equal(visibility_from_parents(parents), visibility.bool()):
+        raise ValueError("the mask is not an ancestor-or-self (tree) mask with parents before their children")
+    return parents
 
 
 def _visibility_rows(parents: list[int]) -> np.ndarray:

@@ -28,9 +28,9 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from ddtree_runtime.reference.cache import KVCache
+from ddtree_runtime.reference.cache import HybridCache, KVCache
 from ddtree_runtime.reference.dflash import DFlashDraftModel
-from ddtree_runtime.reference.qwen3 import Qwen3ForCausalLM
+from ddtree_runtime.reference.target import TargetModel
 from ddtree_runtime.sampling import SamplingParams, sample_tokens
 from ddtree_runtime.tree import build_tree
 from ddtree_runtime.verify import verify_tree
@@ -58,7 +58,7 @@ class Drafter(Protocol):
 class DFlashDrafter:
     """A :class:`DFlashDraftModel` bound to its target's embeddings and LM head."""
 
-    def __init__(self, model: DFlashDraftModel, target: Qwen3ForCausalLM) -> None:
+    def __init__(self, model: DFlashDraftModel, target: TargetModel) -> None:
         if model.config.hidden_size != target.config.hidden_size:
             raise ValueError("drafter and target hidden sizes differ")
         too_deep = [i for i in model.config.target_layer_ids if not 0 <= i < target.config.num_hidden_layers]
@@ -135,8 +135,8 @@ class GenerationResult:
     finish_reason: Literal["stop", "length"]
     matched_stop: int | None
     stats: GenerationStats
-    target_cache: KVCache | None = None
-    """The target KV cache at the end (only with ``keep_cache=True``): holds the prompt and every committed
+    target_cache: KVCache | HybridCache | None = None
+    """The target cache at the end (only with ``keep_cache=True``): holds the prompt and every committed
     token except the final bonus."""
 
 
@@ -168,7 +168,7 @@ class _Output:
 
 @dataclass
 class _SpecState:
-    cache: KVCache
+    cache: KVCache | HybridCache
     drafter_state: Any
     committed: list[int]
     bonus: int
@@ -203,7 +203,7 @@ class _RoundSettings:
 class SpeculativeDecoder:
     """Runs any of the three decoders on one target (and optionally one drafter)."""
 
-    def __init__(self, target: Qwen3ForCausalLM, drafter: Drafter | None = None) -> None:
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None) -> None:
         self.target = target
         self.drafter = drafter
 

@@ -100,8 +100,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [heads, T, D]`` rotated by per-token ``cos/sin [T, D]``."""
-    return x * cos + rotate_half(x) * sin
+    """``x [heads, T, D]`` rotated by per-token ``cos/sin [T, R]``: the first ``R <= D`` dimensions of each head
+    (partial rotary, as in Qwen3.5/3.6), the rest passed through."""
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    head, rest = x[..., :rotary], x[..., rotary:]
+    return torch.cat([head * cos + rotate_half(head) * sin, rest], dim=-1)
 
 
 def attend(

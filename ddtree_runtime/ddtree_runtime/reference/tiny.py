@@ -9,6 +9,8 @@ from __future__ import annotations
 from ddtree_runtime.reference.decoding import DFlashDrafter, SpeculativeDecoder
 from ddtree_runtime.reference.dflash import DFlashConfig, DFlashDraftModel, build_target_layer_ids, random_dflash
 from ddtree_runtime.reference.qwen3 import Qwen3Config, Qwen3ForCausalLM, random_qwen3
+from ddtree_runtime.reference.qwen3_5 import Qwen35ForCausalLM, Qwen35TextConfig, random_qwen35
+from ddtree_runtime.reference.target import TargetModel
 
 TINY_TARGET_LAYERS = 4
 
@@ -36,5 +38,23 @@ def tiny_pair(
     return target, drafter
 
 
-def tiny_decoder(target: Qwen3ForCausalLM, drafter: DFlashDraftModel) -> SpeculativeDecoder:
+def tiny_hybrid_config(vocab: int = 32) -> Qwen35TextConfig:
+    """Three Gated DeltaNet layers, then one gated full-attention layer (Qwen3.6's pattern), partial rotary 0.25."""
+    return Qwen35TextConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=TINY_TARGET_LAYERS,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
+                            linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)
+
+
+def tiny_hybrid_pair(
+    vocab: int = 32, seed: int = 0, std: float = 0.3
+) -> tuple[Qwen35ForCausalLM, DFlashDraftModel]:
+    """A random hybrid target and the tiny drafter for it (same drafter config as :func:`tiny_pair`)."""
+    target = random_qwen35(tiny_hybrid_config(vocab), seed, std=std)
+    drafter = random_dflash(tiny_drafter_config(vocab), seed + 1, std=std)
+    return target, drafter
+
+
+def tiny_decoder(target: TargetModel, drafter: DFlashDraftModel) -> SpeculativeDecoder:
     return SpeculativeDecoder(target, DFlashDrafter(drafter, target))
