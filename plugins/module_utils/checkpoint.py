@@ -2,7 +2,23 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Watch a checkpoint directory for a checkpoint that is newer than a request and complete."""
+"""Watch a checkpoint directory for a checkpoint that is newer than a request and complete.
+
+Two definitions of "complete":
+
+* with a marker file (``CheckpointSpec.marker``): the marker exists inside the checkpoint directory. The trainer
+  writes it last, so this is exact.
+* without one (the trainer's own file pattern only): the checkpoint *settled*. Its signature (total size, number of
+  files, newest modification time of anything inside it) stayed the same for ``settle_seconds`` of observation, it is
+  not empty, it has at least as many files as the fullest checkpoint that existed before the request, and no process
+  has a file inside it open for writing. This is weaker than a marker: a trainer that pauses longer than
+  ``settle_seconds`` between two files of one save (gathering optimizer state, for example) without holding a file
+  open looks complete too early, and a save cut short by a crash after the request looks complete once it stops
+  changing. Callers therefore also check that the job is still running when they accept such a checkpoint.
+
+A checkpoint is *new* when its entry did not exist when ``take_baseline`` ran, or its signature changed since. A
+half-written entry left behind by an earlier, killed trainer keeps its signature and so never counts as new.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +30,19 @@ from dataclasses import dataclass
 from typing import Callable
 
 DEFAULT_STEP_REGEX = r"(\d+)(?!.*\d)"
+DEFAULT_SETTLE_SECONDS = 30.0
+
+# States of a new checkpoint entry, as EntryState.state.
+WRITING = "growing"  # its signature changed since the last poll, or a process has a file in it open for writing
+SETTLING = "settling"  # unchanged, but not yet for settle_seconds (no marker)
+FEW_FILES = "fewer files than the checkpoints before it"  # settled, but incomplete by the file count (no marker)
+NO_MARKER = "no marker yet"  # marker mode: the marker is not there
+EMPTY = "empty"  # no marker: settled with nothing in it
+COMPLETE = "complete"
+
+O_ACCMODE = 0o3
+O_WRONLY = 0o1
+O_RDWR = 0o2
 
 
 @dataclass(frozen=True)
@@ -21,8 +50,17 @@ class CheckpointSpec:
     directory: str
     pattern: str = "*"
     marker: str | None = None
-    stable_seconds: float = 10.0
+    settle_seconds: float = DEFAULT_SETTLE_SECONDS
     step_regex: str = DEFAULT_STEP_REGEX
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What "unchanged" is measured by: total bytes, file count, newest mtime of the entry or anything inside it."""
+
+    size: int
+    files: int
+    newest_mtime_ns: int
 
 
 @dataclass(frozen=True)
@@ -34,6 +72,24 @@ class Checkpoint:
 
     def as_dict(self) -> dict:
         return {"path": self.path, "step": self.step, "mtime": self.mtime, "size_bytes": self.size}
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """A new checkpoint entry at one poll."""
+
+    path: str
+    step: int | None
+    signature: Signature
+    state: str
+    unchanged_for: float  # seconds its signature has been the same, as observed by this watcher
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.path, self.step, self.signature.newest_mtime_ns / 1e9, self.signature.size)
 
 
 def parse_step(name: str, regex: str) -> int | None:
@@ -48,124 +104,232 @@ def parse_step(name: str, regex: str) -> int | None:
         return None
 
 
-def entry_size(path: str) -> tuple:
-    """Total bytes and file count below ``path`` (a file or a directory); files vanishing meanwhile are skipped."""
+def _stat_or_none(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def entry_signature(path: str) -> Signature | None:
+    """Signature of a checkpoint entry (a file or a directory tree); None when it vanished. Files vanishing while the
+    tree is read are skipped."""
+    top = _stat_or_none(path)
+    if top is None:
+        return None
     if not os.path.isdir(path):
-        try:
-            return os.path.getsize(path), 1
-        except OSError:
-            return 0, 0
-    total = 0
-    count = 0
-    for dirpath, _dirnames, filenames in os.walk(path):
+        return Signature(top.st_size, 1, top.st_mtime_ns)
+    size = 0
+    files = 0
+    newest = top.st_mtime_ns
+    for dirpath, dirnames, filenames in os.walk(path):
+        for dirname in dirnames:
+            found = _stat_or_none(os.path.join(dirpath, dirname))
+            if found is not None:
+                newest = max(newest, found.st_mtime_ns)
         for filename in filenames:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, filename))
-                count += 1
-            except OSError:
-                continue
-    return total, count
+            found = _stat_or_none(os.path.join(dirpath, filename))
+            if found is not None:
+                size += found.st_size
+                files += 1
+                newest = max(newest, found.st_mtime_ns)
+    return Signature(size, files, newest)
 
 
-def list_entries(spec: CheckpointSpec) -> dict:
-    """Entries of the checkpoint directory matching the glob, mapped to their modification time in nanoseconds."""
+def list_entries(spec: CheckpointSpec) -> list:
+    """Paths in the checkpoint directory whose names match the glob."""
     try:
         names = os.listdir(spec.directory)
-    except FileNotFoundError:
-        return {}
-    entries = {}
-    for name in names:
-        if not fnmatch.fnmatchcase(name, spec.pattern):
-            continue
-        path = os.path.join(spec.directory, name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(os.path.join(spec.directory, name) for name in names if fnmatch.fnmatchcase(name, spec.pattern))
+
+
+def writers_inside(path: str, proc_root: str = "/proc") -> list:
+    """PIDs that have a file at or below ``path`` open for writing (from /proc/<pid>/fd and fdinfo)."""
+    prefix = os.path.realpath(path)
+    found = []
+    try:
+        pids = [name for name in os.listdir(proc_root) if name.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        fd_dir = os.path.join(proc_root, pid, "fd")
         try:
-            entries[path] = os.stat(path).st_mtime_ns
+            fds = os.listdir(fd_dir)
         except OSError:
             continue
-    return entries
+        for fd in fds:
+            if _fd_writes_below(os.path.join(fd_dir, fd), os.path.join(proc_root, pid, "fdinfo", fd), prefix):
+                found.append(int(pid))
+                break
+    return sorted(found)
+
+
+def _fd_writes_below(link: str, fdinfo: str, prefix: str) -> bool:
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return False
+    if target != prefix and not target.startswith(prefix + os.sep):
+        return False
+    try:
+        with open(fdinfo) as handle:
+            for line in handle:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & O_ACCMODE in (O_WRONLY, O_RDWR)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def best(checkpoints: list) -> Checkpoint | None:
+    """Highest step, then newest."""
+    if not checkpoints:
+        return None
+    return max(checkpoints, key=lambda item: (item.step if item.step is not None else -1, item.mtime))
 
 
 class CheckpointWatcher:
-    """Call ``take_baseline`` just before requesting a checkpoint, then ``poll`` or ``wait``.
+    """Call ``take_baseline`` just before requesting a checkpoint, then ``poll`` repeatedly and ``accept`` its states.
 
-    A checkpoint counts as new when its entry did not exist at the baseline or was modified since. It is complete when
-    ``marker`` exists inside it or, without a marker, when its total size is non-zero and has not changed for
-    ``stable_seconds``.
+    ``writers`` tells which PIDs hold a file below a path open for writing (injectable for tests).
     """
 
     def __init__(
         self,
         spec: CheckpointSpec,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        writers: Callable[[str], list] = writers_inside,
     ) -> None:
         self.spec = spec
         self.clock = clock
-        self.sleep = sleep
-        self.baseline = {}
-        self._sizes = {}  # path -> (size, file count, clock when this size was first seen)
+        self.writers = writers
+        self.baseline = {}  # path -> Signature at the baseline
+        self.baseline_files = 0  # file count of the fullest checkpoint at the baseline (no-marker rule)
+        self._seen = {}  # path -> (Signature, clock when first seen with it)
+
+    # --- baseline ---------------------------------------------------------------------------------------------
 
     def take_baseline(self) -> None:
-        self.baseline = list_entries(self.spec)
-        self._sizes = {}
+        self.baseline = {}
+        for path in list_entries(self.spec):
+            signature = entry_signature(path)
+            if signature is not None:
+                self.baseline[path] = signature
+        self.baseline_files = max((sig.files for sig in self.baseline.values() if sig.size > 0), default=0)
+        self._seen = {}
 
-    def _is_new(self, path: str, mtime_ns: int) -> bool:
-        before = self.baseline.get(path)
-        return before is None or mtime_ns > before
-
-    def _is_complete(self, path: str) -> tuple:
-        size, count = entry_size(path)
+    def _complete_before(self, path: str, signature: Signature) -> bool:
         if self.spec.marker:
-            return os.path.isdir(path) and os.path.exists(os.path.join(path, self.spec.marker)), size
-        now = self.clock()
-        previous = self._sizes.get(path)
-        if previous is None or previous[:2] != (size, count):
-            self._sizes[path] = (size, count, now)
-            return False, size
-        return size > 0 and now - previous[2] >= self.spec.stable_seconds, size
-
-    def poll(self) -> Checkpoint | None:
-        """The best complete new checkpoint right now: highest step, then newest."""
-        complete = []
-        for path, mtime_ns in list_entries(self.spec).items():
-            if not self._is_new(path, mtime_ns):
-                continue
-            done, size = self._is_complete(path)
-            if done:
-                step = parse_step(os.path.basename(path), self.spec.step_regex)
-                complete.append(Checkpoint(path=path, step=step, mtime=mtime_ns / 1e9, size=size))
-        if not complete:
-            return None
-        return max(complete, key=lambda item: (item.step if item.step is not None else -1, item.mtime))
+            return os.path.isdir(path) and os.path.exists(os.path.join(path, self.spec.marker))
+        return signature.size > 0 and signature.files >= self.baseline_files
 
     def newest_before(self) -> Checkpoint | None:
-        """The best checkpoint that already existed at the baseline: highest step, then newest. Complete means the
-        marker exists or, without a marker, a non-zero size (an old entry is not watched for stability)."""
+        """The best checkpoint that already existed at the baseline: what a stop without a new one leaves to resume
+        from. With a marker: the marker exists. Without: not empty, as many files as the fullest one, and no file in
+        it open for writing (a save in progress, or a killed save's debris with fewer files, does not count)."""
         found = []
-        for path, mtime_ns in self.baseline.items():
-            size, _count = entry_size(path)
-            complete = os.path.exists(os.path.join(path, self.spec.marker)) if self.spec.marker else size > 0
-            if complete:
-                step = parse_step(os.path.basename(path), self.spec.step_regex)
-                found.append(Checkpoint(path=path, step=step, mtime=mtime_ns / 1e9, size=size))
-        if not found:
+        for path, signature in self.baseline.items():
+            if not self._complete_before(path, signature):
+                continue
+            step = parse_step(os.path.basename(path), self.spec.step_regex)
+            found.append(Checkpoint(path, step, signature.newest_mtime_ns / 1e9, signature.size))
+        while found:
+            candidate = best(found)
+            if self.spec.marker or not self.writers(candidate.path):
+                return candidate
+            found.remove(candidate)
+        return None
+
+    # --- polling ----------------------------------------------------------------------------------------------
+
+    def _is_new(self, path: str, signature: Signature) -> bool:
+        return self.baseline.get(path) != signature
+
+    def _observe(self, path: str, signature: Signature, now: float) -> tuple:
+        """(changed since the last poll, seconds unchanged)."""
+        previous = self._seen.get(path)
+        if previous is None or previous[0] != signature:
+            self._seen[path] = (signature, now)
+            return previous is not None, 0.0
+        return False, now - previous[1]
+
+    def _state(self, path: str, signature: Signature, changed: bool, unchanged_for: float) -> tuple:
+        """(state, unchanged_for) of a new entry; a writer found restarts the settle period."""
+        if self.spec.marker:
+            if os.path.isdir(path) and os.path.exists(os.path.join(path, self.spec.marker)):
+                return COMPLETE, unchanged_for
+            return (WRITING if changed else NO_MARKER), unchanged_for
+        if changed:
+            state = WRITING
+        elif unchanged_for < self.spec.settle_seconds:
+            state = SETTLING
+        elif signature.size == 0:
+            state = EMPTY
+        elif self.writers(path):
+            self._seen[path] = (signature, self.clock())
+            state, unchanged_for = WRITING, 0.0
+        else:
+            state = FEW_FILES if signature.files < self.baseline_files else COMPLETE
+        return state, unchanged_for
+
+    def poll(self) -> list:
+        """New entries and their states, lowest step first."""
+        now = self.clock()
+        states = []
+        for path in list_entries(self.spec):
+            signature = entry_signature(path)
+            if signature is None or not self._is_new(path, signature):
+                continue
+            changed, unchanged_for = self._observe(path, signature, now)
+            state, unchanged_for = self._state(path, signature, changed, unchanged_for)
+            step = parse_step(os.path.basename(path), self.spec.step_regex)
+            states.append(EntryState(path, step, signature, state, unchanged_for))
+        return sorted(states, key=lambda item: (item.step if item.step is not None else -1, item.path))
+
+    def accept(self, states: list) -> Checkpoint | None:
+        """The checkpoint to stop after, if any: the best complete new one. Without a marker, only once no other new
+        entry is still growing or settling (a stop in the middle of the next save would leave a torn checkpoint with
+        the highest step)."""
+        complete = [entry.checkpoint() for entry in states if entry.state == COMPLETE]
+        if not complete:
             return None
-        return max(found, key=lambda item: (item.step if item.step is not None else -1, item.mtime))
+        if not self.spec.marker and any(entry.state in (WRITING, SETTLING) for entry in states):
+            return None
+        return best(complete)
 
-    def pending(self) -> list:
-        """New entries seen so far that are not complete yet (for the failure message)."""
-        return sorted(path for path, mtime_ns in list_entries(self.spec).items() if self._is_new(path, mtime_ns))
+    def pending(self, states: list) -> list:
+        """New entries that are not complete (for the failure message), with their state."""
+        return ["%s (%s)" % (entry.path, entry.state) for entry in states if entry.state != COMPLETE]
 
-    def wait(self, timeout: float, poll_interval: float) -> Checkpoint | None:
-        deadline = self.clock() + timeout
-        while True:
-            found = self.poll()
-            if found is not None:
-                return found
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                return None
-            self.sleep(min(poll_interval, remaining))
+
+def format_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return ("%d %s" % (value, unit)) if unit == "B" else ("%.1f %s" % (value, unit))
+        value /= 1024
+    return "%d B" % size  # unreachable
+
+
+def describe_entry(entry: EntryState, settle_seconds: float) -> str:
+    """``step_000005400 (growing, 1.2 GiB)``, ``step_000005400 (settling 12 of 30 s, 1.2 GiB)``."""
+    state = entry.state
+    if state == SETTLING:
+        state = "settling %d of %d s" % (entry.unchanged_for, settle_seconds)
+    return "%s (%s, %s)" % (entry.name, state, format_bytes(entry.signature.size))
+
+
+def describe_wait(states: list, settle_seconds: float, previous: Checkpoint | None) -> str:
+    """What the wait has seen so far, for a progress line: the newest new entry, or that none appeared yet."""
+    if states:
+        newest = max(states, key=lambda item: (item.step if item.step is not None else -1,
+                                                item.signature.newest_mtime_ns))
+        return "newest %s" % describe_entry(newest, settle_seconds)
+    if previous is not None:
+        return "no new one yet (newest before the request: %s)" % os.path.basename(previous.path)
+    return "no new one yet"
 
 
 def latest_step_in_log(path: str, regex: str, tail_bytes: int) -> tuple:

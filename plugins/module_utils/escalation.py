@@ -115,12 +115,16 @@ class Escalator:
         poll_interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        *,
+        on_wait: Callable[[int, float, float, dict], None] | None = None,
     ) -> None:
         self.scan = scan
         self.signaller = signaller
         self.poll_interval = poll_interval
         self.clock = clock
         self.sleep = sleep
+        # Called after every rescan while a phase waits: (signal, seconds waited, the phase's timeout, live members).
+        self.on_wait = on_wait
 
     def _signal_new(self, members: dict, signum: int, done: set) -> None:
         """Signal processes not signalled in this phase yet: each process group a member leads as a whole (that also
@@ -140,7 +144,8 @@ class Escalator:
     def _phase(self, members: dict, signum: int, timeout: float, seen: dict) -> dict:
         """Signal ``members`` and everything that shows up until the job is gone or ``timeout`` passes."""
         done = set()
-        deadline = self.clock() + timeout
+        started = self.clock()
+        deadline = started + timeout
         while True:
             seen.update(members)
             self._signal_new(members, signum, done)
@@ -151,6 +156,8 @@ class Escalator:
             members = self.scan()
             if not members:
                 return members
+            if self.on_wait is not None:
+                self.on_wait(signum, self.clock() - started, timeout, members)
 
     def run(self, members: dict, grace_period: float, kill_timeout: float) -> EscalationResult:
         result = EscalationResult()

@@ -22,6 +22,12 @@ description:
   - Process identities are checked before every signal (PID and start time), so a PID recycled by the kernel is never
     signalled. PID 1, the module's own process and its ancestors (for example the SSH session) are never signalled.
   - Zombie processes count as gone; they have exited, hold no memory and only wait for their parent to reap them.
+  - "Run with C(async) and C(poll: 0) and watched by M(pivot.ops.async_watch), it survives the controller going away
+    safely: with O(heartbeat_file) set, a stop whose heartbeat is older than O(heartbeat_timeout) is B(cancelled)
+    while no signal that ends the job has been sent (the job keeps running, nothing is killed), and B(completed)
+    once one has. With O(state_dir) set, every stop that did something leaves a record on the host for the
+    controller to import (the C(stop_training) role does), including those that finished unattended, and only one
+    stop runs on a host at a time."
   - Runs on the target with the Python standard library only; it works over any connection plugin (ssh,
     C(community.proxmox.proxmox_pct_remote)) and needs root for processes of other users.
 author:
@@ -134,15 +140,31 @@ options:
         default: "*"
       marker:
         description:
-          - File name inside a checkpoint directory whose presence marks the checkpoint complete.
-          - Without it a checkpoint is complete when its total size is non-zero and unchanged for
-            O(checkpoint.stable_seconds).
+          - File name inside a checkpoint directory whose presence marks the checkpoint complete (the trainer writes
+            it last). This is the exact test; set it whenever the trainer writes such a file.
+          - "Without it, a new checkpoint entry (file or directory) is complete when it has B(settled): (1) its
+            signature (total size, number of files, newest modification time of the entry and of anything inside
+            it) stayed the same for O(checkpoint.settle_seconds) of observation, so no file in it is still
+            growing; (2) it is not empty; (3) it has at least as many files as the fullest checkpoint that existed
+            before the request (a save cut off between files has fewer); (4) no process has a file inside it open
+            for writing (C(/proc/<pid>/fd)); (5) no other new entry is still growing or settling (a stop in the
+            middle of the next save would leave a torn checkpoint with the highest step); (6) the job is still
+            running when it settles (a save cut short by a crash stops changing, too)."
+          - "Settling is weaker than a marker: a trainer that pauses longer than O(checkpoint.settle_seconds)
+            between two files of one save without holding a file open (gathering sharded optimizer state, for
+            example) looks complete too early, and the first checkpoint in an empty directory has no earlier one
+            to compare file counts with. Choose O(checkpoint.settle_seconds) above the longest pause of a save."
         type: str
-      stable_seconds:
+      settle_seconds:
         description:
-          - How long the size of a new checkpoint must stay unchanged to count as complete (when no marker is set).
+          - How long a new checkpoint must stay unchanged to count as complete when no O(checkpoint.marker) is set
+            (see there for the whole rule). Ignored with a marker.
+          - The default, 30 s, is above the pauses a save makes between its files while it gathers and serializes
+            state (a few seconds to tens of seconds for sharded optimizer state); it costs 30 s once per stop, while
+            taking a save too early costs the work since the previous checkpoint.
         type: float
-        default: 10
+        default: 30
+        aliases: [stable_seconds]
       step_regex:
         description:
           - Regular expression that extracts the step number from a checkpoint name; uses the named group C(step) if
@@ -176,6 +198,45 @@ options:
       - Seconds between scans of the process table and the checkpoint directory.
     type: float
     default: 0.5
+  state_dir:
+    description:
+      - Directory on the target for the stop's own state, created root-only when missing. With it, only one stop runs
+        on the host at a time (an exclusive lock on C(<state_dir>/lock); a stop that finds the lock held waits, with
+        progress, as long as an abandoned stop needs to cancel or finish, that is O(heartbeat_timeout) + O(grace_period)
+        + O(kill_timeout) + 30 s, then fails naming the holder), and every stop that sent anything writes a record to
+        C(<state_dir>/records/<UTC time>-<pid>.json) (see RV(host_record)).
+      - Records stay until the controller imports and removes them (the C(stop_training) role does, on every run).
+    type: path
+  heartbeat_file:
+    description:
+      - File the controller refreshes while it watches this stop (M(pivot.ops.async_watch) does on every poll). The
+        module touches it once when it starts.
+      - "When it is older than O(heartbeat_timeout) while no signal that ends the job has been sent yet (SIGTERM,
+        SIGKILL, SIGINT, SIGQUIT, SIGHUP or C(systemctl stop); a SIGUSR1 checkpoint request is not one), the stop is
+        cancelled: the trigger file is removed, nothing else is sent, the job keeps running, and the task fails with
+        RV(cancelled). Once such a signal went out, the stop runs to its end whatever the heartbeat says."
+      - Checked at every poll while waiting for the checkpoint or for the host lock, and immediately before the first
+        signal that ends the job. Removed when the module ends.
+    type: path
+  heartbeat_timeout:
+    description:
+      - Seconds without a heartbeat after which the controller counts as gone. Keep it several times the watcher's
+        poll interval. V(0) disables the check.
+    type: float
+    default: 60
+  progress_file:
+    description:
+      - "File the module rewrites (JSON, at most once a second) with one human-readable line about what it is doing, for
+        example 'waiting for a complete checkpoint newer than the request: 120 s of 900, newest step_000005400
+        (growing, 1.2 GiB)'. M(pivot.ops.async_watch) returns that line as its C(progress). Removed when the module
+        ends."
+    type: path
+  run_id:
+    description:
+      - The controller's name for this run, kept in the host record and in the lock, so a waiting stop can say whose
+        stop it waits for.
+    type: str
+    default: ""
   log_file:
     description:
       - Training log; the last step is parsed from its tail and returned as RV(last_step).
@@ -232,7 +293,32 @@ EXAMPLES = r"""
       trigger_file: /root/train/SAVE_NOW
       path: /root/train/checkpoints
       glob: checkpoint-*
-      stable_seconds: 15
+      settle_seconds: 45       # no marker: complete once unchanged for 45 s, nothing open for writing
+
+- name: Start the stop on the host; it cancels itself if this controller goes away before SIGTERM
+  pivot.ops.training_stop:
+    cmdline_match:
+      - /root/train_dflash_pipeline.py
+    checkpoint:
+      path: /data/dflash/checkpoints
+      glob: step_*
+      timeout: 900
+    state_dir: /var/lib/pivot/training_stop
+    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
+    progress_file: /var/lib/pivot/training_stop/progress-1.json
+  async: 1200
+  poll: 0
+  register: started
+
+- name: Watch it (the pivot.ops.progress callback prints each progress line)
+  pivot.ops.async_watch:
+    results_file: "{{ started.results_file }}"
+    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
+    progress_file: /var/lib/pivot/training_stop/progress-1.json
+  register: watched
+  until: watched.finished
+  retries: 250
+  delay: 5
 
 - name: Stop a systemd-managed trainer without any checkpoint request
   pivot.ops.training_stop:
@@ -397,6 +483,33 @@ timings:
   returned: always
   type: dict
   sample: {discover: 0.05, checkpoint: 42.1, sigterm: 3.2, sigkill: 0.0, total: 45.4}
+cancelled:
+  description: Present and true when the stop cancelled itself because its controller's heartbeat went stale before any
+    signal that ends the job was sent; the job was left running.
+  returned: when cancelled
+  type: bool
+  sample: true
+attended:
+  description: Whether the controller was still watching when the module ended (its heartbeat fresh); always true
+    without O(heartbeat_file).
+  returned: always
+  type: bool
+  sample: true
+committed_at:
+  description: UTC time the first signal that ends the job (or C(systemctl stop)) went out; null if none did.
+  returned: always
+  type: str
+  sample: "2026-11-30T15:35:12Z"
+host_record:
+  description:
+    - Path of the record this stop wrote in O(state_dir) (null when it sent nothing or O(state_dir) is not set). It
+      holds C(outcome) (V(stopped), V(failed) or V(cancelled)), C(attended) and C(finished_unattended) (whether the
+      controller's heartbeat was fresh or stale when the module ended), C(run_id), C(started_at),
+      C(stopped_at), C(msg), C(checkpoint), C(previous_checkpoint), C(last_logged_step), C(forced), C(work_lost),
+      C(sigkill_needed), C(remaining), C(committed_at), C(job) (C(selector) and C(processes)) and C(log_file).
+  returned: always
+  type: str
+  sample: /var/lib/pivot/training_stop/records/20261130T153401Z-4242.json
 candidates:
   description: The processes involved when the selection was refused (ambiguous match, PID 1, an ancestor).
   returned: failure
@@ -409,12 +522,12 @@ import os
 import re
 import signal
 import time
-from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pivot.ops.plugins.module_utils.checkpoint import (
     CheckpointSpec,
     CheckpointWatcher,
+    describe_wait,
     latest_step_in_log,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.escalation import (
@@ -431,16 +544,37 @@ from ansible_collections.pivot.ops.plugins.module_utils.job import (
     protected_pids,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, catches_signal
+from ansible_collections.pivot.ops.plugins.module_utils.progress import (
+    Heartbeat,
+    ProgressFile,
+    read_json,
+    waited_text,
+)
+from ansible_collections.pivot.ops.plugins.module_utils.stop_record import (
+    CANCELLED,
+    FAILED,
+    STOPPED,
+    CommitState,
+    HostLock,
+    HostLockBusy,
+    ensure_state_dir,
+    record_path,
+    should_cancel,
+    utc_now,
+    write_record,
+)
 from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
     parse_systemctl_show,
     unit_not_found_message,
 )
 
 PROC_ROOT = "/proc"
+JOB_SCAN_INTERVAL = 2.0  # seconds between checks that the job still runs, while waiting for its checkpoint
+LOCK_WAIT_MARGIN = 30.0  # beyond heartbeat_timeout + grace_period + kill_timeout, for an abandoned stop to end
 
 
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+class JobEnded(Exception):
+    """Every process of the job exited during the checkpoint wait, without a signal from this module that ends it."""
 
 
 def process_entry(info, reason: str) -> dict:
@@ -456,6 +590,13 @@ def process_entry(info, reason: str) -> dict:
 
 def process_lines(processes) -> str:
     return "".join("%d %s\n" % (info.pid, info.command) for info in processes)
+
+
+def first_commands(members, limit: int = 2) -> str:
+    """``python3 -u /root/train.py, ...`` for a progress line: the first commands, cut short."""
+    commands = [info.command[:60] for info in list(members)[:limit]]
+    more = len(members) - len(commands)
+    return ", ".join(commands) + (" and %d more" % more if more > 0 else "")
 
 
 class TrainingStop:
@@ -476,12 +617,25 @@ class TrainingStop:
             "sigkill_needed": False,
             "remaining": [],
             "timings": self.timings,
+            "attended": True,
+            "committed_at": None,
+            "host_record": None,
         }
         self.checkpoint_params = self.params["checkpoint"] or {}
         self.trigger_created = False
         self.started = time.monotonic()
+        self.started_utc = utc_now()
         self.open_phase = None  # (name, start) of a phase a failure may interrupt, so its timing is still reported
         self.forced_because = []  # what force=true overrode
+        self.commit = CommitState()
+        self.cancelled = False
+        live = not module.check_mode
+        self.heartbeat = Heartbeat(self.params["heartbeat_file"] if live else None, self.params["heartbeat_timeout"])
+        self.progress = ProgressFile(
+            self.params["progress_file"] if live else None,
+            identity={"run_id": self.params["run_id"], "started_at": self.started_utc},
+        )
+        self.lock = HostLock(self.params["state_dir"]) if self.params["state_dir"] else None
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
@@ -493,7 +647,50 @@ class TrainingStop:
         self.result["signals"] = self.log.as_list()
         self.timings["total"] = round(time.monotonic() - self.started, 3)
         self.result.update(extra)
+        self.end(CANCELLED if self.cancelled else FAILED, msg)
         self.module.fail_json(msg=msg, **self.result)
+
+    def end(self, outcome: str, msg: str) -> None:
+        """Everything a run does last, however it ends: the host record, then the cleanup."""
+        self.remove_trigger()
+        self.result["attended"] = not self.heartbeat.stale()
+        self.result["committed_at"] = self.commit.committed_at
+        if self.lock is not None and (self.result["changed"] or self.cancelled) and not self.module.check_mode:
+            self.write_host_record(outcome, msg)
+        self.progress.close()
+        self.heartbeat.close()
+        if self.lock is not None:
+            self.lock.release()
+
+    def write_host_record(self, outcome: str, msg: str) -> None:
+        path = record_path(self.params["state_dir"], self.started_utc, os.getpid())
+        selector = {key: self.params[key] for key in ("pidfile", "unit", "cmdline_match", "match_env", "max_roots")
+                    if self.params[key] not in (None, [])}
+        record = {
+            "outcome": outcome,
+            "attended": self.result["attended"],
+            "finished_unattended": not self.result["attended"],
+            "run_id": self.params["run_id"],
+            "started_at": self.started_utc,
+            "stopped_at": utc_now(),
+            "msg": msg,
+            "checkpoint": self.result.get("checkpoint") or {},
+            "previous_checkpoint": self.result.get("previous_checkpoint"),
+            "last_logged_step": self.result.get("last_step"),
+            "forced": bool(self.result.get("forced")),
+            "work_lost": self.result.get("work_lost"),
+            "sigkill_needed": self.result["sigkill_needed"],
+            "remaining": self.result["remaining"],
+            "committed_at": self.commit.committed_at,
+            "job": {"selector": selector, "processes": self.result["pids"]},
+            "log_file": self.params["log_file"] or "",
+        }
+        try:
+            write_record(path, record)
+        except OSError as exc:
+            self.module.warn("Could not write the stop's host record %s: %s" % (path, exc))
+            return
+        self.result["host_record"] = path
 
     def unit_state(self) -> UnitState | None:
         name = self.params["unit"]
@@ -544,10 +741,86 @@ class TrainingStop:
             directory=path,
             pattern=self.checkpoint_params["glob"],
             marker=self.checkpoint_params["marker"],
-            stable_seconds=self.checkpoint_params["stable_seconds"],
+            settle_seconds=self.checkpoint_params["settle_seconds"],
             step_regex=step_regex,
         )
         return CheckpointWatcher(spec)
+
+    # --- the controller: heartbeat and host lock ----------------------------------------------------------------
+
+    def cancel_if_unwatched(self) -> None:
+        """Cancel while nothing that ends the job went out, if the controller stopped refreshing the heartbeat."""
+        if not should_cancel(self.commit, self.heartbeat.stale()):
+            return
+        self.cancelled = True
+        self.result["cancelled"] = True
+        age = self.heartbeat.age()
+        self.fail(
+            "Cancelled: the controller stopped watching this stop (no heartbeat in %s for %s; the ansible-playbook "
+            "that started it was interrupted or lost its connection) before any signal that ends the job was sent. "
+            "The job was left running; nothing was stopped.%s"
+            % (
+                self.params["heartbeat_file"],
+                "ever" if age is None else "%d s" % age,
+                " A checkpoint request had been sent; the checkpoint it asked for may still land."
+                if self.result["changed"] else "",
+            )
+        )
+
+    def commit_to(self, what: str) -> None:
+        """Last chance to cancel, then the point of no return: from here the stop runs to its end."""
+        self.cancel_if_unwatched()
+        self.commit.note_ending(what)
+
+    def lock_wait_limit(self) -> float:
+        return self.params["heartbeat_timeout"] + self.params["grace_period"] + self.params["kill_timeout"] + \
+            LOCK_WAIT_MARGIN
+
+    def take_host_lock(self) -> None:
+        if self.lock is None:
+            return
+        try:
+            ensure_state_dir(self.params["state_dir"])
+        except OSError as exc:
+            self.fail("Cannot create state_dir %s: %s. Choose a writable directory." % (self.params["state_dir"], exc))
+        holder = {"pid": os.getpid(), "run_id": self.params["run_id"], "started_at": self.started_utc,
+                  "progress_file": self.params["progress_file"]}
+        limit = self.lock_wait_limit()
+
+        def waiting(other: dict, waited: float) -> None:
+            self.progress.update("lock", "waiting for an earlier stop on this host to end (%s): %s; %s"
+                                 % (describe_holder(other), waited_text(waited, limit), holder_progress(other)))
+            self.cancel_if_unwatched()
+
+        started = time.monotonic()
+        try:
+            self.lock.acquire(holder, limit, waiting)
+        except HostLockBusy as busy:
+            self.lock = None  # not ours: no record, nothing to release
+            self.fail(
+                "Another training stop is still running on this host (%s) after %d s of waiting; its controller is "
+                "probably still watching it. Nothing was done. Let it finish (its progress: %s), then run again; "
+                "its record is imported by the next run." % (
+                    describe_holder(busy.holder), self.lock_wait_limit(), holder_progress(busy.holder))
+            )
+        except OSError as exc:
+            self.lock = None
+            self.fail("Cannot lock %s/lock: %s. Check that state_dir is a local, writable directory."
+                      % (self.params["state_dir"], exc))
+        self.timings["lock"] = round(time.monotonic() - started, 3)
+
+    def lock_busy_note(self) -> str | None:
+        """Check mode: who holds the host lock, without taking it (and without creating anything)."""
+        if self.lock is None or not os.path.exists(self.lock.path):
+            return None
+        try:
+            self.lock.try_acquire({})
+        except HostLockBusy as busy:
+            return "wait for the earlier stop still running on this host (%s)" % describe_holder(busy.holder)
+        except OSError:
+            return None
+        self.lock.release()
+        return None
 
     # --- planning -----------------------------------------------------------------------------------------------
 
@@ -580,8 +853,10 @@ class TrainingStop:
             steps.append("create trigger file %s" % self.checkpoint_params["trigger_file"])
         if self.checkpoint_params.get("path"):
             steps.append(
-                "wait up to %gs for a new complete checkpoint %s/%s"
-                % (self.checkpoint_params["timeout"], self.checkpoint_params["path"], self.checkpoint_params["glob"])
+                "wait up to %gs for a new complete checkpoint %s/%s (%s)"
+                % (self.checkpoint_params["timeout"], self.checkpoint_params["path"], self.checkpoint_params["glob"],
+                   "marker %s" % self.checkpoint_params["marker"] if self.checkpoint_params["marker"]
+                   else "no marker: settled for %gs" % self.checkpoint_params["settle_seconds"])
             )
         if self.params["unit"]:
             steps.append("systemctl stop %s" % self.params["unit"])
@@ -606,9 +881,12 @@ class TrainingStop:
                     "really handles it, or force=true to stop without a checkpoint." % signal_name(signum)
                 )
                 return False
+            self.commit.note_signal(signum, "checkpoint request by %s" % signal_name(signum))
             for info in targets:
                 self.signaller.send(info, signum)
             self.result["changed"] = True
+            self.progress.update("request", "requested a checkpoint: %s sent to %d process(es)"
+                                 % (signal_name(signum), len(targets)))
         elif request == "file":
             trigger = self.checkpoint_params["trigger_file"]
             try:
@@ -625,7 +903,6 @@ class TrainingStop:
         if self.params["force"]:
             self.forced_because.append(msg)
         if not self.params["force"]:
-            self.remove_trigger()
             self.fail(msg + " The job was left running; nothing was stopped.")
         self.module.warn(msg + " Continuing because force=true.")
 
@@ -636,11 +913,39 @@ class TrainingStop:
                 os.unlink(trigger)
             except OSError as exc:
                 self.module.warn("Could not remove checkpoint trigger file %s: %s" % (trigger, exc))
+        self.trigger_created = False
+
+    def wait_for_checkpoint(self, watcher: CheckpointWatcher, tracker: JobTracker, previous) -> tuple:
+        """Poll until a new complete checkpoint is accepted or the timeout passes: (checkpoint or None, last states).
+        Reports progress, cancels when the controller is gone, raises JobEnded when the job exits meanwhile."""
+        timeout = self.checkpoint_params["timeout"]
+        settle = self.checkpoint_params["settle_seconds"]
+        started = time.monotonic()
+        next_scan = started + JOB_SCAN_INTERVAL
+        while True:
+            states = watcher.poll()
+            found = watcher.accept(states)
+            elapsed = time.monotonic() - started
+            self.progress.update("checkpoint", "waiting for a complete checkpoint newer than the request: %s, %s" % (
+                waited_text(elapsed, timeout), describe_wait(states, settle, previous)))
+            if found is not None and (watcher.spec.marker or tracker.scan()):
+                return found, states
+            if found is not None:
+                raise JobEnded(found.path)
+            if elapsed >= timeout:
+                return None, states
+            self.cancel_if_unwatched()
+            if time.monotonic() >= next_scan:
+                next_scan = time.monotonic() + JOB_SCAN_INTERVAL
+                if not tracker.scan():
+                    raise JobEnded(None)
+            time.sleep(min(self.params["poll_interval"], max(0.0, timeout - elapsed)))
 
     def checkpoint_phase(self, members: dict, tracker: JobTracker) -> None:
         started = time.monotonic()
         self.open_phase = ("checkpoint", started)
         watcher = self.checkpoint_watcher()
+        previous = None
         if watcher is not None:
             watcher.take_baseline()
             previous = watcher.newest_before()
@@ -660,9 +965,13 @@ class TrainingStop:
         }
         self.result["checkpoint"] = checkpoint
         if watcher is not None and requested:
-            found = watcher.wait(self.checkpoint_params["timeout"], self.params["poll_interval"])
-            if found is None:
-                pending = watcher.pending()
+            try:
+                found, states = self.wait_for_checkpoint(watcher, tracker, previous)
+            except JobEnded as ended:
+                self.job_ended_during_wait(ended.args[0], previous)
+                found, states = None, []
+            if found is None and not self.forced_because:
+                pending = watcher.pending(states)
                 self.refuse_or_force(
                     "No new complete checkpoint matching %s/%s appeared within %gs after the request at %s%s."
                     % (
@@ -673,10 +982,23 @@ class TrainingStop:
                         " (incomplete: %s)" % ", ".join(pending) if pending else "",
                     )
                 )
-            else:
+            elif found is not None:
                 checkpoint.update(path=found.path, step=found.step, size_bytes=found.size, completed_at=utc_now())
         self.timings["checkpoint"] = round(time.monotonic() - started, 3)
         self.open_phase = None
+
+    def job_ended_during_wait(self, unverified: str | None, previous) -> None:
+        """The job exited by itself while its checkpoint was awaited: nothing is left to stop, and no checkpoint
+        newer than the request is proven. Fails, unless force=true accepts that (then the stop reports what is lost)."""
+        resume = previous.path if previous else "no checkpoint at all"
+        msg = (
+            "Every process of the job exited during the checkpoint wait, before this module sent anything that ends "
+            "it: the trainer crashed or finished by itself. %sNo checkpoint newer than the request is proven; the "
+            "newest complete one before it is %s. Read the end of the training log before resuming."
+            % ("%s settled, but without a marker a save cut short by a crash looks settled too, so it is not "
+               "trusted. " % unverified if unverified else "", resume)
+        )
+        self.refuse_or_force(msg)
 
     def systemctl_stop(self) -> None:
         systemctl = self.module.get_bin_path("systemctl", required=True)
@@ -688,19 +1010,30 @@ class TrainingStop:
         if parse_systemctl_show(show).get("Result") == "timeout":
             self.result["sigkill_needed"] = True
 
-    def stop_phase(self, tracker: JobTracker) -> None:
+    def report_escalation(self, signum: int, waited: float, timeout: float, members: dict) -> None:
+        if signum == signal.SIGTERM:
+            what = "SIGTERM sent: waiting for the job to exit, %s grace period" % waited_text(waited, timeout)
+        else:
+            what = "SIGKILL sent to what outlived the grace period: %s" % waited_text(waited, timeout)
+        self.progress.update(signal_name(signum), "%s, %d process(es) left (%s)"
+                             % (what, len(members), first_commands(members.values())))
+
+    def stop_phase(self, tracker: JobTracker):
+        self.commit_to("systemctl stop %s" % self.params["unit"] if self.params["unit"] else "SIGTERM")
+        self.result["changed"] = True
         if self.params["unit"]:
             started = time.monotonic()
+            self.progress.update("systemctl", "systemctl stop %s" % self.params["unit"])
             self.systemctl_stop()
             self.timings["systemctl_stop"] = round(time.monotonic() - started, 3)
-        escalator = Escalator(tracker.scan, self.signaller, poll_interval=self.params["poll_interval"])
+        escalator = Escalator(tracker.scan, self.signaller, poll_interval=self.params["poll_interval"],
+                              on_wait=self.report_escalation)
         outcome = escalator.run(tracker.scan(), self.params["grace_period"], self.params["kill_timeout"])
         self.timings.update(outcome.timings)
         self.result["sigkill_needed"] = self.result["sigkill_needed"] or outcome.sigkill_needed
         self.result["remaining"] = [
             process_entry(info, tracker.reasons.get(info.pid, "")) for info in outcome.remaining
         ]
-        self.result["changed"] = True
         return outcome
 
     def validate_log_regex(self) -> None:
@@ -727,17 +1060,32 @@ class TrainingStop:
 
     # --- main ---------------------------------------------------------------------------------------------------
 
-    def run(self) -> None:
-        tracker = self.build_tracker()
-        # Validate regexes before anything is signalled.
-        self.checkpoint_watcher()
-        self.validate_log_regex()
+    def discover(self, tracker: JobTracker) -> dict:
         try:
             members = tracker.scan(first=True)
         except JobError as exc:
             self.fail(str(exc), candidates=exc.candidates)
         self.timings["discover"] = round(time.monotonic() - self.started, 3)
         self.result["pids"] = [process_entry(info, tracker.reasons.get(pid, "")) for pid, info in members.items()]
+        return members
+
+    def preview(self, members: dict) -> None:
+        busy = self.lock_busy_note()
+        if busy:
+            self.result["planned"].insert(0, busy)
+        self.result["changed"] = True
+        self.finish("Would stop %d process(es): %s." % (len(members), "; ".join(self.result["planned"])))
+
+    def run(self) -> None:
+        tracker = self.build_tracker()
+        # Validate regexes before anything is signalled.
+        self.checkpoint_watcher()
+        self.validate_log_regex()
+        if not self.module.check_mode:
+            self.heartbeat.touch()
+            self.progress.update("start", "looking for the training job")
+            self.take_host_lock()
+        members = self.discover(tracker)
         if not members:
             notes = "; ".join(tracker.notes)
             self.finish("No process of the job is running%s; nothing to do." % (" (%s)" % notes if notes else ""))
@@ -746,13 +1094,11 @@ class TrainingStop:
         if self.module._diff:
             self.result["diff"] = {"before": process_lines(members.values()), "after": ""}
         if self.module.check_mode:
-            self.result["changed"] = True
-            self.finish("Would stop %d process(es): %s." % (len(members), "; ".join(self.result["planned"])))
+            self.preview(members)
             return
         if self.checkpoint_params:
             self.checkpoint_phase(members, tracker)
         outcome = self.stop_phase(tracker)
-        self.remove_trigger()
         if self.module._diff:
             self.result["diff"]["after"] = process_lines(outcome.remaining)
         if outcome.remaining:
@@ -808,7 +1154,22 @@ class TrainingStop:
         self.read_last_step()
         self.result["signals"] = self.log.as_list()
         self.timings["total"] = round(time.monotonic() - self.started, 3)
+        self.end(STOPPED, msg)
         self.module.exit_json(msg=msg, **self.result)
+
+
+def describe_holder(holder: dict) -> str:
+    if not holder:
+        return "holder unknown"
+    return "PID %s, run %s, started %s" % (holder.get("pid", "?"), holder.get("run_id") or "-",
+                                           holder.get("started_at", "?"))
+
+
+def holder_progress(holder: dict) -> str:
+    """The holder's own last progress line, if it writes one."""
+    path = holder.get("progress_file")
+    data = read_json(path) if path else None
+    return "it reports: %s" % data["line"] if data and data.get("line") else "it reports no progress"
 
 
 def argument_spec() -> dict:
@@ -832,7 +1193,7 @@ def argument_spec() -> dict:
                 path=dict(type="path"),
                 glob=dict(type="str", default="*"),
                 marker=dict(type="str"),
-                stable_seconds=dict(type="float", default=10),
+                settle_seconds=dict(type="float", default=30, aliases=["stable_seconds"]),
                 step_regex=dict(type="str", default=r"(\d+)(?!.*\d)"),
                 timeout=dict(type="float", default=600),
             ),
@@ -842,6 +1203,11 @@ def argument_spec() -> dict:
         grace_period=dict(type="float", default=60),
         kill_timeout=dict(type="float", default=30),
         poll_interval=dict(type="float", default=0.5),
+        state_dir=dict(type="path"),
+        heartbeat_file=dict(type="path"),
+        heartbeat_timeout=dict(type="float", default=60),
+        progress_file=dict(type="path"),
+        run_id=dict(type="str", default=""),
         log_file=dict(type="path"),
         log_step_regex=dict(type="str", default=r"\bstep=(\d+)"),
         log_tail_bytes=dict(type="int", default=65536),
@@ -855,9 +1221,12 @@ def main() -> None:
         mutually_exclusive=[("pidfile", "unit"), ("unit", "cmdline_match")],
         supports_check_mode=True,
     )
-    for name in ("grace_period", "kill_timeout", "poll_interval"):
+    for name in ("grace_period", "kill_timeout", "poll_interval", "heartbeat_timeout"):
         if module.params[name] < 0:
             module.fail_json(msg="%s must be zero or more seconds, got %s." % (name, module.params[name]))
+    settle = (module.params["checkpoint"] or {}).get("settle_seconds")
+    if settle is not None and settle < 0:
+        module.fail_json(msg="checkpoint.settle_seconds must be zero or more seconds, got %s." % settle)
     if module.params["max_roots"] < 1:
         module.fail_json(msg="max_roots must be at least 1, got %d." % module.params["max_roots"])
     TrainingStop(module).run()
