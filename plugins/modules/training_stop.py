@@ -593,10 +593,10 @@ def process_lines(processes) -> str:
 
 
 def first_commands(members, limit: int = 2) -> str:
-    """``python3 -u /root/train.py, ...`` for a progress line: the first commands, cut short."""
-    commands = [info.command[:60] for info in list(members)[:limit]]
-    more = len(members) - len(commands)
-    return ", ".join(commands) + (" and %d more" % more if more > 0 else "")
+    """``PID 4242 python3 -u /root/train.py, ...`` for a progress line: the first processes, commands cut short."""
+    shown = ["PID %d %s" % (info.pid, info.command[:50]) for info in list(members)[:limit]]
+    more = len(members) - len(shown)
+    return ", ".join(shown) + (" and %d more" % more if more > 0 else "")
 
 
 class TrainingStop:
@@ -776,13 +776,25 @@ class TrainingStop:
         return self.params["heartbeat_timeout"] + self.params["grace_period"] + self.params["kill_timeout"] + \
             LOCK_WAIT_MARGIN
 
+    def prepare_state(self) -> None:
+        """Create state_dir and refresh the heartbeat once, so the controller has heartbeat_timeout for its first
+        poll."""
+        if self.params["state_dir"]:
+            try:
+                ensure_state_dir(self.params["state_dir"])
+            except OSError as exc:
+                self.lock = None
+                self.fail("Cannot create state_dir %s: %s. Choose a writable local directory."
+                          % (self.params["state_dir"], exc))
+        try:
+            self.heartbeat.touch()
+        except OSError as exc:
+            self.fail("Cannot write heartbeat_file %s: %s. Its directory must exist and be writable."
+                      % (self.params["heartbeat_file"], exc))
+
     def take_host_lock(self) -> None:
         if self.lock is None:
             return
-        try:
-            ensure_state_dir(self.params["state_dir"])
-        except OSError as exc:
-            self.fail("Cannot create state_dir %s: %s. Choose a writable directory." % (self.params["state_dir"], exc))
         holder = {"pid": os.getpid(), "run_id": self.params["run_id"], "started_at": self.started_utc,
                   "progress_file": self.params["progress_file"]}
         limit = self.lock_wait_limit()
@@ -1082,7 +1094,7 @@ class TrainingStop:
         self.checkpoint_watcher()
         self.validate_log_regex()
         if not self.module.check_mode:
-            self.heartbeat.touch()
+            self.prepare_state()
             self.progress.update("start", "looking for the training job")
             self.take_host_lock()
         members = self.discover(tracker)

@@ -38,6 +38,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--ckpt-dir", default="")
     parser.add_argument("--marker", default="")
     parser.add_argument("--ckpt-delay", type=float, default=0.0)
+    parser.add_argument("--die-while-saving", action="store_true", help="exit 1 after half a checkpoint, like a crash")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--children-ignore-term", action="store_true")
     parser.add_argument("--agent-abandons", action="store_true", help="agent exits on SIGTERM without forwarding")
@@ -76,6 +77,8 @@ def write_checkpoint(args: argparse.Namespace, step: int) -> None:
     os.makedirs(target, exist_ok=True)
     with open(os.path.join(target, "model.safetensors"), "wb") as handle:
         handle.write(b"\0" * 4096)
+    if args.die_while_saving:
+        os._exit(1)
     if args.ckpt_delay:
         time.sleep(args.ckpt_delay)
     if args.marker:

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 
 import pytest
@@ -418,3 +420,208 @@ def test_argument_validation(run_module):
     negative = run_module(training_stop.main, {"cmdline_match": ["x"], "grace_period": -1})
     assert negative["failed"] is True
     assert "grace_period" in negative["msg"]
+
+
+# --- a stop watched by its controller: heartbeat, host lock, host records, progress ---------------------------------
+
+
+def supervised(tmp_path, **extra) -> dict:
+    """The options the stop_training role adds: state dir, heartbeat and progress files, run id."""
+    state = tmp_path / "state"
+    options = dict(state_dir=str(state), heartbeat_file=str(state / "session-1.heartbeat"), heartbeat_timeout=60,
+                   progress_file=str(state / "session-1.progress.json"), run_id="run-7")
+    options.update(extra)
+    return options
+
+
+def record_of(result: dict) -> dict:
+    with open(result["host_record"]) as handle:
+        return json.load(handle)
+
+
+@pytest.fixture
+def controller_gone(monkeypatch):
+    """The controller never polls: the module's own refresh at its start is skipped and the file is old."""
+
+    def stale_touch(self):
+        with open(self.path, "a"):
+            pass
+        os.utime(self.path, (1, 1))
+
+    monkeypatch.setattr(training_stop.Heartbeat, "touch", stale_touch)
+
+
+def test_a_stop_whose_controller_went_away_before_sigterm_is_cancelled(
+    run_module, trainers, tmp_path, alive, controller_gone
+):
+    trigger = tmp_path / "SAVE_NOW"
+    popen = trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "file", "--trigger", str(trigger),
+                                                   "--ckpt-delay", "30"))
+    result = run_module(
+        training_stop.main,
+        dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
+             checkpoint=checkpoint_opts(tmp_path, request="file", trigger_file=str(trigger))),
+    )
+    assert result["failed"] is True and result["cancelled"] is True
+    assert result["msg"].startswith("Cancelled: the controller stopped watching this stop")
+    assert "The job was left running; nothing was stopped." in result["msg"]
+    assert result["signals"] == [] and result["committed_at"] is None and result["attended"] is False
+    assert alive(popen.pid)
+    assert not trigger.exists(), "the trigger file it created is removed again"
+    record = record_of(result)
+    assert (record["outcome"], record["attended"], record["finished_unattended"]) == ("cancelled", False, True)
+    assert (record["run_id"], record["msg"]) == ("run-7", result["msg"])
+    assert [p["pid"] for p in record["job"]["processes"]] == [popen.pid]
+    assert record["job"]["selector"] == {"cmdline_match": select(trainers), "max_roots": 1}
+    state = tmp_path / "state"
+    assert sorted(os.listdir(state)) == ["lock", "records"], "heartbeat and progress files are removed"
+
+
+def test_a_cancelled_stop_says_a_checkpoint_request_was_already_sent(
+    run_module, trainers, tmp_path, alive, controller_gone
+):
+    popen = trainers.start("single", "--checkpoint", "signal")  # never saves
+    (tmp_path / "ckpt").mkdir()
+    result = run_module(
+        training_stop.main,
+        dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path)),
+    )
+    assert result["cancelled"] is True
+    assert signals_of(result, popen.pid) == ["SIGUSR1"], "a checkpoint request does not end the job"
+    assert "A checkpoint request had been sent" in result["msg"]
+    assert alive(popen.pid)
+
+
+def test_a_stop_whose_controller_went_away_after_sigterm_completes_and_says_so(
+    run_module, trainers, tmp_path, alive, monkeypatch
+):
+    """The controller is interrupted right after the first SIGTERM: the stop goes on to SIGKILL and records itself."""
+    heartbeat = tmp_path / "state" / "session-1.heartbeat"
+    commit_to = training_stop.TrainingStop.commit_to
+
+    def commit_then_lose_the_controller(self, what):
+        commit_to(self, what)
+        os.utime(heartbeat, (1, 1))
+
+    monkeypatch.setattr(training_stop.TrainingStop, "commit_to", commit_then_lose_the_controller)
+    popen = trainers.start("single", "--ignore-term")
+    result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
+                                                 grace_period=0.3))
+    assert result["failed"] is False, result["msg"]
+    assert not alive(popen.pid)
+    assert signals_of(result, popen.pid) == ["SIGTERM", "SIGKILL"]
+    assert result["attended"] is False and result["committed_at"] is not None
+    record = record_of(result)
+    assert (record["outcome"], record["finished_unattended"], record["sigkill_needed"]) == ("stopped", True, True)
+    assert record["msg"] == result["msg"] and record["committed_at"] == result["committed_at"]
+
+
+def test_a_watched_stop_records_itself_on_the_host(run_module, trainers, tmp_path):
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
+    log = tmp_path / "train.log"
+    result = run_module(
+        training_stop.main,
+        dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path),
+             log_file=str(log)),
+    )
+    assert result["failed"] is False, result["msg"]
+    assert result["attended"] is True
+    record = record_of(result)
+    assert os.path.dirname(result["host_record"]) == str(tmp_path / "state" / "records")
+    assert (record["outcome"], record["attended"], record["finished_unattended"]) == ("stopped", True, False)
+    assert record["checkpoint"] == result["checkpoint"] and record["checkpoint"]["path"]
+    assert record["last_logged_step"] == result["last_step"] and record["log_file"] == str(log)
+    assert record["previous_checkpoint"] == {"path": None, "step": None}
+    assert (record["forced"], record["work_lost"]) == (False, None)
+    assert oct(os.stat(result["host_record"]).st_mode & 0o777) == "0o600"
+
+
+def test_nothing_to_stop_leaves_no_record(run_module, tmp_path):
+    result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=["pivot-unit-none"]))
+    assert result["changed"] is False and result["host_record"] is None
+    assert os.listdir(tmp_path / "state" / "records") == []
+
+
+def test_a_stop_waits_for_the_lock_of_an_earlier_one_and_then_refuses(
+    run_module, trainers, tmp_path, alive, monkeypatch
+):
+    """An earlier stop still holds the host: the new one waits (limit forced to 0 here) and fails naming it."""
+    monkeypatch.setattr(training_stop, "LOCK_WAIT_MARGIN", 0.0)
+    popen = trainers.start("single")
+    state = tmp_path / "state"
+    os.makedirs(state / "records")
+    progress = state / "session-0.progress.json"
+    progress.write_text(json.dumps({"line": "SIGTERM sent: waiting for the job to exit, 12 s of 60"}))
+    earlier = training_stop.HostLock(str(state))
+    earlier.try_acquire({"pid": 4242, "run_id": "run-6", "started_at": "2026-11-30T15:34:01Z",
+                         "progress_file": str(progress)})
+    try:
+        result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path, heartbeat_timeout=0),
+                                                     grace_period=0, kill_timeout=0, cmdline_match=select(trainers)))
+    finally:
+        earlier.release()
+    assert result["failed"] is True
+    assert result["msg"].startswith("Another training stop is still running on this host (PID 4242, run run-6, "
+                                    "started 2026-11-30T15:34:01Z)")
+    assert "it reports: SIGTERM sent: waiting for the job to exit, 12 s of 60" in result["msg"]
+    assert result["signals"] == [] and result["pids"] == [] and result["host_record"] is None
+    assert alive(popen.pid)
+
+
+def test_check_mode_names_an_earlier_stop_that_holds_the_host(run_module, trainers, tmp_path):
+    trainers.start("single")
+    state = tmp_path / "state"
+    os.makedirs(state)
+    earlier = training_stop.HostLock(str(state))
+    earlier.try_acquire({"pid": 4242, "run_id": "run-6", "started_at": "2026-11-30T15:34:01Z"})
+    try:
+        result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers)),
+                            check_mode=True)
+    finally:
+        earlier.release()
+    assert result["failed"] is False, result["msg"]
+    assert result["planned"][0] == ("wait for the earlier stop still running on this host "
+                                    "(PID 4242, run run-6, started 2026-11-30T15:34:01Z)")
+    assert sorted(os.listdir(state)) == ["lock"], "check mode writes no heartbeat, progress or record"
+
+
+def test_progress_lines_tell_the_checkpoint_wait_and_the_sigterm_wait(run_module, trainers, tmp_path, monkeypatch):
+    lines = []
+    update = training_stop.ProgressFile.update
+
+    def keep(self, stage, line):
+        lines.append((stage, line))
+        update(self, stage, line)
+
+    monkeypatch.setattr(training_stop.ProgressFile, "update", keep)
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal", "--ignore-term"))
+    result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
+                                                 grace_period=0.3, checkpoint=checkpoint_opts(tmp_path)))
+    assert result["failed"] is False, result["msg"]
+    stages = [stage for stage, _line in lines]
+    assert stages[:3] == ["start", "request", "checkpoint"]
+    assert lines[1][1] == "requested a checkpoint: SIGUSR1 sent to 1 process(es)"
+    waits = [line for stage, line in lines if stage == "checkpoint"]
+    assert re.fullmatch(r"waiting for a complete checkpoint newer than the request: \d+ s of 10, "
+                        r"(no new one yet|newest step_\d+ \(.+, [\d.]+ K?i?B\))", waits[0]), waits[0]
+    sigterm = [line for stage, line in lines if stage == "SIGTERM"]
+    assert sigterm and re.fullmatch(r"SIGTERM sent: waiting for the job to exit, \d+ s of 0 grace period, "
+                                    r"1 process\(es\) left \(PID \d+ .*python.*\)", sigterm[0]), sigterm[0]
+
+
+def test_without_a_marker_a_job_that_dies_while_saving_is_not_trusted(run_module, trainers, tmp_path, alive):
+    (tmp_path / "ckpt").mkdir()
+    popen = trainers.start("single", "--checkpoint", "signal", "--ckpt-dir", str(tmp_path / "ckpt"),
+                           "--die-while-saving")
+    result = run_module(
+        training_stop.main,
+        dict(FAST, cmdline_match=select(trainers),
+             checkpoint={"path": str(tmp_path / "ckpt"), "glob": "step_*", "settle_seconds": 0.2, "timeout": 20}),
+    )
+    assert result["failed"] is True
+    assert result["msg"].startswith("Every process of the job exited during the checkpoint wait, before this module "
+                                    "sent anything that ends it"), result["msg"]
+    assert "No checkpoint newer than the request is proven" in result["msg"]
+    assert "The job was left running" in result["msg"]  # refuse_or_force's ending: there was nothing left to stop
+    assert signals_of(result, popen.pid) == ["SIGUSR1"]
+    assert result["checkpoint"]["path"] is None
