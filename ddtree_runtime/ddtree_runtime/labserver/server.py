@@ -203,7 +203,7 @@ class LabServer:
         assert plan is not None
         info.update(
             {
-                "version": SGLANG_SURFACE_VERSION,
+                "version": os.environ.get("DDTREE_LAB_SGLANG_VERSION", SGLANG_SURFACE_VERSION),
                 "ddtree_runtime_version": __version__,
                 "lab_mode": True,
                 "served_model_name": self.served_model_name,

@@ -1,7 +1,9 @@
-"""Sends the same greedy chat request N times to a local SGLang-compatible server and prints JSON.
+"""Sends greedy chat requests to a local SGLang-compatible server and prints JSON.
 
-usage: smoke.py PORT MODEL MAX_TOKENS COUNT PROMPT   (API key, if any, from the SGLANG_API_KEY environment)
-Prints {"answers": [...], "latency_s": [...]}; exits 1 with a message when a request fails.
+usage: smoke.py PORT MODEL MAX_TOKENS COUNT PROMPT [PROMPT...]   (API key, if any, from SGLANG_API_KEY)
+Asks each prompt COUNT times, in order, and prints {"answers": [...], "latency_s": [...]} in that order (the smoke
+check asks one prompt twice; the quality gate asks its prompts once each); exits 1 with a message when a request
+fails.
 
 Reasoning models: the request asks the chat template not to think (``enable_thinking: false``, which Qwen3-style
 templates honour and others ignore), and an answer is the reasoning text (``reasoning_content``, what SGLang's
@@ -45,9 +47,9 @@ def answer_text(message: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    port, model, max_tokens, count, prompt = int(argv[0]), argv[1], int(argv[2]), int(argv[3]), argv[4]
+    port, model, max_tokens, count, prompts = int(argv[0]), argv[1], int(argv[2]), int(argv[3]), argv[4:]
     answers, latencies = [], []
-    for _unused in range(count):
+    for prompt in (p for p in prompts for _unused in range(count)):
         try:
             answer, latency = ask(port, model, max_tokens, prompt)
         except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as error:

@@ -1,0 +1,64 @@
+"""Check a server command line with the SGLang of the venv that will run it; run it with that venv's python.
+
+    python check_server_args.py MODULE [ARGS...]
+
+Does what ``python -m MODULE ARGS`` does before it loads a model: load SGLang's plugins (releases that have a plugin
+system; ``SGLANG_PLUGINS`` from the environment selects them), parse and check the arguments with
+``sglang.srt.server_args.prepare_server_args`` and resolve the speculative algorithm. Prints one JSON line
+(``sglang_version``, ``speculative_algorithm``, ``plugins``) and exits 0 when the server would accept the command line;
+exits 2 with SGLang's own message otherwise, 3 when MODULE is not SGLang's launcher. Standard library only besides
+SGLang, so it runs in any SGLang venv without installing anything there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from typing import Any
+
+LAUNCHERS = ("sglang.launch_server",)
+
+
+def load_plugins() -> Any:
+    try:
+        from sglang.srt.plugins import load_plugins as load  # noqa: PLC0415 - SGLang >= 0.5.12 only
+    except ImportError:
+        return None
+    return load()
+
+
+def check(module: str, args: list[str]) -> dict[str, Any]:
+    if module not in LAUNCHERS:
+        print(f"cannot check a command line for {module!r}: only {', '.join(LAUNCHERS)} is known", file=sys.stderr)
+        raise SystemExit(3)
+    plugins = load_plugins()
+    from sglang.srt.server_args import prepare_server_args  # noqa: PLC0415
+
+    parsed = prepare_server_args(args)
+    algorithm = getattr(parsed, "speculative_algorithm", None)
+    if algorithm:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: PLC0415
+
+        SpeculativeAlgorithm.from_string(algorithm)
+    return {"ok": True, "sglang_version": importlib.metadata.version("sglang"),
+            "speculative_algorithm": algorithm, "plugins": plugins if isinstance(plugins, list) else None}
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 3
+    try:
+        result = check(argv[0], argv[1:])
+    except SystemExit as stop:  # argparse has printed its usage and message
+        return stop.code if isinstance(stop.code, int) and stop.code != 0 else 2
+    except Exception as error:  # the server would die with this at start
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

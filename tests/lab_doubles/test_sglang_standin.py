@@ -1,0 +1,138 @@
+"""The lab's SGLang stand-in, checked the way Pivot checks a release: the role's check_server_args.py, run with the
+python of a venv holding the stand-in wheel, as on the lab's serving host.
+
+0.5.11 (the user's venv) takes the user's unit with --mamba-scheduler-strategy and has no plugin system; 0.5.23 (the
+release venv) refuses that flag (as real 0.5.23 does: tests/contract) and knows DDTREE only when ddtree_runtime's entry
+point is installed and selected, judging it with the plugin's own rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "lab" / "files" / "sglang-standin" / "build_wheels.py"
+CHECK = REPO / "roles" / "sglang_release" / "files" / "check_server_args.py"
+TARGET = REPO / "ddtree_runtime" / "models" / "pivot-coder-tiny"
+DRAFTER = REPO / "ddtree_runtime" / "models" / "pivot-coder-tiny-dflash"
+USER_UNIT_ARGS = ["--model-path", str(TARGET), "--port", "30000", "--host", "0.0.0.0", "--tp-size", "2",
+                  "--mem-fraction-static", "0.88", "--context-length", "131072", "--max-running-requests", "16",
+                  "--mamba-full-memory-ratio", "0.5", "--mamba-scheduler-strategy", "extra_buffer",
+                  "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder", "--speculative-algo", "NEXTN",
+                  "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+LAB_PYTHON = "/usr/bin/python3"  # Debian 12's 3.11, what the lab's hosts run
+
+
+def pip(venv: Path, *args: str) -> None:
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--disable-pip-version-check", *args], check=True, capture_output=True, timeout=300)
+
+
+def install_ddtree_from_checkout(venv: Path) -> None:
+    """What ``pip install ddtree_runtime`` leaves that SGLang's plugin discovery reads: the distribution's metadata with
+    its ``sglang.srt.plugins`` entry point, and the package on the path (here the checkout's, through a .pth)."""
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    info = site / "ddtree_runtime-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ddtree_runtime\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nddtree = ddtree_runtime.sglang:register\n")
+    (site / "ddtree_runtime_checkout.pth").write_text(f"{REPO / 'ddtree_runtime'}\n")
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("standin")
+    subprocess.run([sys.executable, str(BUILD), str(root / "wheels")], check=True, capture_output=True)
+    # SGLang reads --config with PyYAML (the lab's hosts have it on their shared package path); the pure-Python
+    # part of the controller's copy stands in for it here.
+    shutil.copytree(Path(yaml.__file__).parent, root / "pylib" / "yaml")
+    made = {}
+    for name, version in (("0.5.11", "0.5.11"), ("0.5.23", "0.5.23"), ("0.5.23-ddtree", "0.5.23")):
+        venv = root / name
+        subprocess.run([LAB_PYTHON, "-m", "venv", str(venv)], check=True, timeout=120)
+        pip(venv, str(root / "wheels" / f"sglang-{version}-py3-none-any.whl"))
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        (site / "pylib.pth").write_text(f"{root / 'pylib'}\n")
+        made[name] = venv
+    with_plugin = made["0.5.23-ddtree"]
+    install_ddtree_from_checkout(with_plugin)
+    return made
+
+
+def check(venv: Path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "DDTREE_"))} | env
+    return subprocess.run([str(venv / "bin" / "python"), str(CHECK), "sglang.launch_server", *args],
+                          capture_output=True, text=True, env=environ, timeout=120, check=False)
+
+
+def test_0_5_11_takes_the_users_unit(venvs: dict[str, Path]) -> None:
+    done = check(venvs["0.5.11"], USER_UNIT_ARGS)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": True, "sglang_version": "0.5.11", "speculative_algorithm": "NEXTN",
+                                       "plugins": None}
+
+
+def test_0_5_23_rejects_the_users_mamba_flag_as_real_sglang_does(venvs: dict[str, Path]) -> None:
+    done = check(venvs["0.5.23"], USER_UNIT_ARGS)
+    assert done.returncode == 2
+    assert "unrecognized arguments: --mamba-scheduler-strategy extra_buffer" in done.stderr
+
+
+def test_0_5_11_rejects_the_flag_that_replaced_it(venvs: dict[str, Path]) -> None:
+    args = [a if a != "--mamba-scheduler-strategy" else "--mamba-radix-cache-strategy" for a in USER_UNIT_ARGS]
+    assert check(venvs["0.5.11"], args).returncode == 2
+    assert check(venvs["0.5.23"], args).returncode == 0
+
+
+def ddtree_args(draft: int) -> list[str]:
+    return ["--model-path", str(TARGET), "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path",
+            str(DRAFTER), "--speculative-num-draft-tokens", str(draft)]
+
+
+def test_ddtree_is_unknown_without_the_plugin(venvs: dict[str, Path]) -> None:
+    done = check(venvs["0.5.23"], ddtree_args(16), SGLANG_PLUGINS="ddtree")
+    assert done.returncode == 2 and "Unknown speculative algorithm name: DDTREE" in done.stderr
+
+
+def test_ddtree_resolves_through_the_selected_plugin(venvs: dict[str, Path]) -> None:
+    done = check(venvs["0.5.23-ddtree"], ddtree_args(16), SGLANG_PLUGINS="ddtree", DDTREE_BUDGET="64")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["plugins"] == ["ddtree"]
+
+
+def test_without_sglang_plugins_every_installed_plugin_loads(venvs: dict[str, Path]) -> None:
+    done = check(venvs["0.5.23-ddtree"], ddtree_args(16))
+    assert done.returncode == 0 and json.loads(done.stdout)["plugins"] == ["ddtree"]
+
+
+def test_a_plugin_left_out_of_sglang_plugins_is_not_loaded(venvs: dict[str, Path]) -> None:
+    done = check(venvs["0.5.23-ddtree"], ddtree_args(16), SGLANG_PLUGINS="something_else")
+    assert done.returncode == 2 and "Unknown speculative algorithm name: DDTREE" in done.stderr
+
+
+@pytest.mark.parametrize(("draft", "budget", "message"), [
+    (1, "64", "must be in 2..16 for DDTREE, got 1"),
+    (17, "64", "must be in 2..16 for DDTREE, got 17"),
+    (16, "4096", "DDTREE_BUDGET must be at most 1024"),
+])
+def test_the_plugins_own_rules_refuse(venvs: dict[str, Path], draft: int, budget: str, message: str) -> None:
+    done = check(venvs["0.5.23-ddtree"], ddtree_args(draft), SGLANG_PLUGINS="ddtree", DDTREE_BUDGET=budget)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_the_api_key_comes_from_a_config_file(venvs: dict[str, Path], tmp_path: Path) -> None:
+    config = tmp_path / "secrets.yaml"
+    config.write_text("api-key: s3cret\n")
+    assert check(venvs["0.5.23"], ["--model-path", str(TARGET), "--config", str(config)]).returncode == 0
+    wrong = tmp_path / "secrets.env"
+    wrong.write_text("api-key: s3cret\n")
+    done = check(venvs["0.5.23"], ["--model-path", str(TARGET), "--config", str(wrong)])
+    assert done.returncode == 2 and "Config file must be YAML format" in done.stderr

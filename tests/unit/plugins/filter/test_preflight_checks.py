@@ -1,0 +1,201 @@
+"""The preflight rules: facts as the preflight role registers them in, named checks out.
+
+The configs are shaped like the real ones: Qwen3.6-27B keeps its language model's settings under ``text_config``
+(Qwen3_5ForConditionalGeneration), the z-lab drafter is a flat config with ``dflash_config``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.pivot.ops.plugins.filter.preflight_checks import preflight_checks
+
+QWEN36_TEXT = {"model_type": "qwen3_5_text", "num_hidden_layers": 64, "hidden_size": 5120, "vocab_size": 248320,
+               "full_attention_interval": 4}
+QWEN36 = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": QWEN36_TEXT,
+          "vision_config": {"depth": 27}}
+ZLAB_DRAFTER = {"architectures": ["DFlashDraftModel"], "hidden_size": 5120, "vocab_size": 248320, "block_size": 16,
+                "num_target_layers": 64, "dflash_config": {"target_layer_ids": [1, 16, 31, 46, 61],
+                                                           "mask_token_id": 248077}}
+UNIT = "sglang.service"
+
+
+def slurp(value: Any) -> dict[str, Any]:
+    return {"content": base64.b64encode(json.dumps(value).encode()).decode(), "encoding": "base64"}
+
+
+def command(stdout: str = "", rc: int = 0, stderr: str = "") -> dict[str, Any]:
+    return {"rc": rc, "stdout": stdout, "stderr": stderr, "stdout_lines": stdout.splitlines()}
+
+
+def process(pid: int, cmdline: str, mib: int = 40000, gpu: int = 0, visible: bool = True) -> dict[str, Any]:
+    return {"pid": pid, "name": "python3", "used_memory_mib": mib, "gpu_index": gpu, "cmdline": cmdline,
+            "visible": visible}
+
+
+def serving_facts(**changes: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "target_model": "/root/models/Qwen3.6-27B", "target_config": slurp(QWEN36),
+        "drafter_model": "/root/models/Qwen3.6-27B-DFlash", "drafter_config": slurp(ZLAB_DRAFTER),
+        "draft_tokens": 16, "budget": 64, "topk": 8,
+        "baseline_venv": "/root/ml-env", "baseline_sglang": command("0.5.11"),
+        "release_python_path": "/usr/bin/python3.12", "release_python": command("3.12.3"),
+        "gpus": {"gpus": [{"index": 0, "name": "NVIDIA RTX PRO 6000"}, {"index": 1, "name": "NVIDIA RTX PRO 6000"}],
+                 "processes": [process(900, "/root/ml-env/bin/python3 -m sglang.launch_server ...")]},
+        "holder_cgroups": {"900": "0::/system.slice/sglang.service\n"},
+        "allowed_gpu_holders": [], "allow_variable": "pivot_serving_allowed_gpu_holders",
+        "unit_name": UNIT, "unit": {"status": {"LoadState": "loaded", "ActiveState": "active", "DropInPaths": ""}},
+        "nvcc": command("Cuda compilation tools, release 13.0, V13.0.88"), "compute_cap": command("12.0\n12.0"),
+        "require_cuda": True, "disk": command("      Avail Mounted on\n 500000000000 /"), "min_free_gib": 20,
+        "port": 30000, "listener": command(""), "listener_cgroup": {},
+    }
+    facts.update(changes)
+    return facts
+
+
+def by_name(checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in checks}
+
+
+def test_the_users_real_model_layout_passes_every_check() -> None:
+    checks = by_name(preflight_checks(serving_facts(), "serving"))
+    assert [c for c in checks.values() if not c["ok"]] == []
+    assert "Qwen3_5ForConditionalGeneration, 64 layers, hidden 5120, vocab 248320 (text_config)" in \
+        checks["target_config"]["detail"]
+    assert "mask_token_id 248077 (target vocab 248320)" in checks["drafter_config"]["detail"]
+    assert "SGLang 0.5.11 in /root/ml-env" in checks["baseline_sglang"]["detail"]
+
+
+def test_a_flat_target_config_is_read_too() -> None:
+    flat = {"architectures": ["Qwen3ForCausalLM"], **QWEN36_TEXT}
+    checks = by_name(preflight_checks(serving_facts(target_config=slurp(flat)), "serving"))
+    assert checks["target_config"]["ok"] and "(text_config)" not in checks["target_config"]["detail"]
+
+
+@pytest.mark.parametrize("draft", [1, 17, "x"])
+def test_draft_lengths_the_plugin_refuses_fail_with_its_words(draft: Any) -> None:
+    check = by_name(preflight_checks(serving_facts(draft_tokens=draft), "serving"))["drafter_block_size"]
+    assert not check["ok"]
+    assert f"the DDTree plugin refuses draft length {draft}" in check["detail"]
+
+
+def test_a_drafter_reading_the_targets_last_layer_is_refused() -> None:
+    drafter = {**ZLAB_DRAFTER, "dflash_config": {"target_layer_ids": [1, 63], "mask_token_id": 248077}}
+    check = by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))["drafter_target_layers"]
+    assert not check["ok"] and "not [63]" in check["detail"]
+
+
+def test_a_drafter_of_another_target_is_refused() -> None:
+    drafter = {**ZLAB_DRAFTER, "num_target_layers": 48}
+    check = by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))["drafter_target_layers"]
+    assert not check["ok"] and "trained on a 48-layer target" in check["detail"]
+
+
+def test_a_mask_token_outside_the_vocabulary_is_refused() -> None:
+    drafter = {**ZLAB_DRAFTER, "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 248320}}
+    assert not by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))["drafter_config"]["ok"]
+
+
+def test_an_unreadable_or_garbled_config_fails_its_check_not_the_phase() -> None:
+    garbled = {"content": base64.b64encode(b"{not json: 'x'}\n<|>").decode()}
+    checks = by_name(preflight_checks(serving_facts(target_config=garbled,
+                                                    drafter_config={"msg": "file not found"}), "serving"))
+    assert not checks["target_config"]["ok"] and "not JSON" in checks["target_config"]["detail"]
+    assert not checks["drafter_config"]["ok"] and "file not found" in checks["drafter_config"]["detail"]
+    assert not checks["vocab_size"]["ok"]
+
+
+def test_a_stray_gpu_holder_on_the_serving_host_is_named_and_refused() -> None:
+    stray = process(4242, "python3 /home/bob/notebook_kernel.py", mib=30000, gpu=1)
+    gpus = {**serving_facts()["gpus"], "processes": serving_facts()["gpus"]["processes"] + [stray]}
+    check = by_name(preflight_checks(serving_facts(gpus=gpus), "serving"))["gpu_holders"]
+    assert not check["ok"]
+    assert "PID 4242 (python3 /home/bob/notebook_kernel.py) holds 30000 MiB on GPU 1" in check["detail"]
+    assert "pivot_serving_allowed_gpu_holders" in check["detail"]
+    allowed = by_name(preflight_checks(serving_facts(gpus=gpus, allowed_gpu_holders=["notebook_kernel"]), "serving"))
+    assert allowed["gpu_holders"]["ok"]
+
+
+def test_holders_not_visible_here_are_reported_not_refused() -> None:
+    hidden = process(77, "", visible=False)
+    gpus = {**serving_facts()["gpus"], "processes": [hidden]}
+    check = by_name(preflight_checks(serving_facts(gpus=gpus), "serving"))["gpu_holders"]
+    assert check["ok"] and "not visible" in check["detail"]
+
+
+def test_a_drop_in_on_the_unit_is_refused_with_its_path() -> None:
+    unit = {"status": {"LoadState": "loaded", "ActiveState": "active",
+                       "DropInPaths": "/etc/systemd/system/sglang.service.d/override.conf"}}
+    check = by_name(preflight_checks(serving_facts(unit=unit), "serving"))["unit_drop_ins"]
+    assert not check["ok"] and "/etc/systemd/system/sglang.service.d/override.conf" in check["detail"]
+
+
+def test_a_baseline_venv_without_sglang_is_refused() -> None:
+    broken = command(rc=1, stderr="Traceback ...\nModuleNotFoundError: No module named 'sglang'")
+    check = by_name(preflight_checks(serving_facts(baseline_sglang=broken), "serving"))["baseline_sglang"]
+    assert not check["ok"] and "No module named 'sglang'" in check["detail"]
+
+
+def test_a_missing_release_interpreter_is_refused() -> None:
+    missing = {"rc": 2, "msg": "[Errno 2] No such file or directory: b'/usr/bin/python3.12'"}
+    check = by_name(preflight_checks(serving_facts(release_python=missing), "serving"))["release_python"]
+    assert not check["ok"] and "pivot_release_python" in check["detail"]
+
+
+def test_a_port_held_by_another_program_is_refused() -> None:
+    listener = command('LISTEN 0 128 0.0.0.0:30000 0.0.0.0:* users:(("nginx",pid=77,fd=6))')
+    checks = by_name(preflight_checks(serving_facts(listener=listener, listener_cgroup=slurp("x")), "serving"))
+    assert not checks["port"]["ok"] and "nginx" in checks["port"]["detail"]
+
+
+def test_too_little_disk_is_refused() -> None:
+    small = command("      Avail Mounted on\n 1073741824 /")
+    check = by_name(preflight_checks(serving_facts(disk=small), "serving"))["free_disk"]
+    assert not check["ok"] and "1.0 GiB free; need 20 GiB" in check["detail"]
+
+
+def test_skipped_checks_pass_and_say_so() -> None:
+    unit = {"status": {"LoadState": "loaded", "DropInPaths": "/etc/x.conf"}}
+    check = by_name(preflight_checks(serving_facts(unit=unit), "serving", ["unit_drop_ins"]))["unit_drop_ins"]
+    assert check["ok"] and check["skipped"]
+
+
+def training_facts(**changes: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "job": {"pids": [{"pid": 10, "cmdline": "bash /root/run.sh"},
+                         {"pid": 11, "cmdline": "python3 -u /root/train_dflash_pipeline.py"}]},
+        "checkpoint_dir": "/data/dflash/checkpoints",
+        "checkpoint_stat": {"stat": {"exists": True, "isdir": True, "writeable": True}},
+        "gpus": {"gpus": [{"index": i, "name": "NVIDIA H200"} for i in range(8)],
+                 "processes": [process(11, "python3 -u /root/train_dflash_pipeline.py")]},
+        "allowed_gpu_holders": [], "allow_variable": "pivot_training_allowed_gpu_holders",
+    }
+    facts.update(changes)
+    return facts
+
+
+def test_the_training_side_passes_when_only_the_job_holds_gpus() -> None:
+    checks = by_name(preflight_checks(training_facts(), "training"))
+    assert all(c["ok"] for c in checks.values()), checks
+
+
+def test_a_gpu_holder_outside_the_job_is_refused_on_the_training_host() -> None:
+    gpus = {**training_facts()["gpus"], "processes": [process(11, "python3 -u /root/train_dflash_pipeline.py"),
+                                                       process(99, "python3 eval_old_ckpt.py", gpu=3)]}
+    check = by_name(preflight_checks(training_facts(gpus=gpus), "training"))["gpu_holders"]
+    assert not check["ok"] and "PID 99 (python3 eval_old_ckpt.py)" in check["detail"]
+
+
+def test_a_missing_checkpoint_directory_is_refused() -> None:
+    checks = by_name(preflight_checks(training_facts(checkpoint_stat={"stat": {"exists": False}}), "training"))
+    assert not checks["checkpoint_dir"]["ok"] and "does not exist" in checks["checkpoint_dir"]["detail"]
+
+
+def test_the_filter_refuses_an_unknown_side() -> None:
+    with pytest.raises(AnsibleFilterError, match="side must be"):
+        preflight_checks({}, "gateway")

@@ -1,0 +1,46 @@
+"""The plugin's own settings rule as the playbooks ask it, and the quality gate's agreement measure."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.pivot.ops.plugins.filter.answer_agreement import answer_agreement
+from ansible_collections.pivot.ops.plugins.filter.ddtree_settings_problem import ddtree_settings_problem
+
+
+@pytest.mark.parametrize(("draft", "budget", "topk", "expected"), [
+    (16, 64, 8, ""),
+    ("16", "64", "8", ""),  # -e key=value gives strings
+    (2, 1, 1, ""),
+    (1, 64, 8, "must be in 2..16 for DDTREE, got 1"),
+    (17, 64, 8, "must be in 2..16 for DDTREE, got 17"),
+    (16, 2048, 8, "DDTREE_BUDGET must be at most 1024"),
+    (16, 0, 8, "DDTREE_BUDGET must be a positive integer"),
+    (16, 64, 0, "DDTREE_TOPK must be a positive integer"),
+    ("sixteen", 64, 8, "must be an integer"),
+])
+def test_the_plugins_own_rule_decides(draft: object, budget: object, topk: object, expected: str) -> None:
+    problem = ddtree_settings_problem(draft, budget, topk)
+    assert (problem == "") if expected == "" else (expected in problem)
+
+
+def test_identical_answers_agree_fully() -> None:
+    result = answer_agreement(["def f(): return 1", ""], ["def f(): return 1", ""])
+    assert result == {"per_prompt": [1.0, 1.0], "mean": 1.0, "identical": 2}
+
+
+def test_an_answer_leaving_the_baseline_late_costs_little_and_early_costs_much() -> None:
+    reference = ["abcdefghij", "abcdefghij"]
+    result = answer_agreement(["abcdefghiX", "aXXXXXXXXX"], reference)
+    assert result["per_prompt"] == [0.9, 0.1]
+    assert result["mean"] == 0.5 and result["identical"] == 0
+
+
+def test_an_empty_answer_where_the_baseline_answered_scores_zero() -> None:
+    assert answer_agreement([""], ["def f(): pass"])["mean"] == 0.0
+
+
+def test_answer_lists_must_line_up() -> None:
+    with pytest.raises(AnsibleFilterError, match="got 1 answers for 2"):
+        answer_agreement(["a"], ["a", "b"])

@@ -1,0 +1,115 @@
+"""The release_venv role's controller and host scripts: wheelhouse inspection and the pruning policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+FILES = Path(__file__).resolve().parents[3] / "roles" / "release_venv" / "files"
+WHEELHOUSE = FILES / "wheelhouse.py"
+PRUNE = FILES / "prune.py"
+
+
+def run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def wheel(directory: Path, name: str) -> Path:
+    path = directory / name
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.txt", name)
+    return path
+
+
+@pytest.fixture
+def wheelhouse(tmp_path: Path) -> Path:
+    for name in ("sglang-0.5.23-py3-none-any.whl", "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+                 "pip-26.3-py3-none-any.whl", "Flash_Attn-2.0-1-cp312-cp312-linux_x86_64.whl"):
+        wheel(tmp_path, name)
+    (tmp_path / "requirements.txt").write_text("# the release\nsglang==0.5.23\ntorch==2.14.1\nflash-attn==2.0\n")
+    return tmp_path
+
+
+def test_inspect_describes_a_complete_wheelhouse(wheelhouse: Path) -> None:
+    done = run(WHEELHOUSE, "inspect", str(wheelhouse))
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["sglang_version"] == "0.5.23"
+    assert info["python_tags"] == ["cp312"]
+    assert info["pip_wheel"] == "pip-26.3-py3-none-any.whl"
+    assert info["files"] == 4 and len(info["id"]) == 16
+
+
+def test_the_id_changes_with_any_wheel(wheelhouse: Path) -> None:
+    before = json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["id"]
+    with zipfile.ZipFile(wheelhouse / "sglang-0.5.23-py3-none-any.whl", "a") as archive:
+        archive.writestr("y.txt", "changed")
+    assert json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["id"] != before
+
+
+def test_a_pinned_package_without_its_wheel_is_named(wheelhouse: Path) -> None:
+    (wheelhouse / "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl").unlink()
+    done = run(WHEELHOUSE, "inspect", str(wheelhouse))
+    assert done.returncode == 1 and "lacks wheels for torch==2.14.1" in done.stderr
+
+
+def test_a_wheelhouse_without_pip_cannot_bootstrap_a_venv(wheelhouse: Path) -> None:
+    (wheelhouse / "pip-26.3-py3-none-any.whl").unlink()
+    done = run(WHEELHOUSE, "inspect", str(wheelhouse))
+    assert done.returncode == 1 and "no pip wheel" in done.stderr
+
+
+def test_a_directory_without_requirements_is_not_a_wheelhouse(tmp_path: Path) -> None:
+    done = run(WHEELHOUSE, "inspect", str(tmp_path))
+    assert done.returncode == 1 and "has no requirements.txt" in done.stderr and "wheelhouse.py build" in done.stderr
+
+
+def test_a_lock_line_that_pins_nothing_is_refused(wheelhouse: Path) -> None:
+    (wheelhouse / "requirements.txt").write_text("sglang>=0.5\n")
+    done = run(WHEELHOUSE, "inspect", str(wheelhouse))
+    assert done.returncode == 1 and "must pin one package as name==version" in done.stderr
+
+
+def venv(root: Path, name: str, completed_at: float | None, wheelhouse: str = "wh1") -> Path:
+    path = root / "venvs" / name
+    (path / "bin").mkdir(parents=True)
+    if completed_at is not None:
+        marker = path / "pivot-release.json"
+        marker.write_text(json.dumps({"id": name, "wheelhouse_id": wheelhouse}))
+        os.utime(marker, (completed_at, completed_at))
+    return path
+
+
+def test_prune_keeps_the_newest_and_the_protected_and_their_wheelhouses(tmp_path: Path) -> None:
+    old = venv(tmp_path, "a-old", 1000, "wh-old")
+    middle = venv(tmp_path, "b-middle", 2000, "wh1")
+    new = venv(tmp_path, "c-new", 3000, "wh2")
+    in_use = venv(tmp_path, "d-in-use", 500, "wh-in-use")
+    half_built = venv(tmp_path, "e-half", None)
+    for name in ("wh-old", "wh1", "wh2", "wh-in-use", "wh-orphan"):
+        (tmp_path / "wheelhouse" / name).mkdir(parents=True)
+    done = run(PRUNE, str(tmp_path), "2", "--protect", str(in_use))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result["kept"]) == {str(in_use), str(new), str(middle)}
+    assert set(result["removed"]) == {str(old), str(half_built), str(tmp_path / "wheelhouse" / "wh-old"),
+                                      str(tmp_path / "wheelhouse" / "wh-orphan")}
+    assert not old.exists() and not half_built.exists() and in_use.exists() and new.exists()
+    assert sorted(p.name for p in (tmp_path / "wheelhouse").iterdir()) == ["wh-in-use", "wh1", "wh2"]
+
+
+def test_prune_dry_run_removes_nothing(tmp_path: Path) -> None:
+    old = venv(tmp_path, "a-old", 1000)
+    venv(tmp_path, "b-new", 2000)
+    result = json.loads(run(PRUNE, str(tmp_path), "1", "--dry-run").stdout)
+    assert result["removed"] == [str(old)] and old.exists()
+
+
+def test_prune_of_a_fresh_host_does_nothing(tmp_path: Path) -> None:
+    assert json.loads(run(PRUNE, str(tmp_path / "missing"), "3").stdout) == {"removed": [], "kept": []}
