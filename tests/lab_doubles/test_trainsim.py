@@ -253,6 +253,53 @@ def test_sigint_is_a_keyboard_interrupt(trainsim):
     assert trainsim.smi.memory_used()[0] == 0
 
 
+def saved_steps(trainsim) -> list[int]:
+    """Steps whose directory holds all three files (what a checkpoint without a marker consists of)."""
+    names = {"model.safetensors", "optimizer.pt", "trainer_state.json"}
+    return sorted(int(p.name.removeprefix("step_")) for p in trainsim.checkpoint_dir.glob("step_*")
+                  if names <= {f.name for f in p.iterdir()})
+
+
+def test_no_marker_writes_the_same_checkpoint_without_its_marker(trainsim):
+    trainer = trainsim.start("--no-marker", "--save-every", "5", "--total-steps", "7")
+    assert trainer.wait(timeout=20) == 0
+    assert saved_steps(trainsim) == [5, 7]
+    for step in (5, 7):
+        directory = trainsim.checkpoint_dir / f"step_{step:09d}"
+        assert sorted(f.name for f in directory.iterdir()) == ["model.safetensors", "optimizer.pt",
+                                                              "trainer_state.json"]
+        assert json.loads((directory / "trainer_state.json").read_text())["global_step"] == step
+    assert trainsim.complete_steps() == [], "no COMPLETE anywhere"
+
+
+def test_no_marker_checkpoints_grow_on_request_and_resume_works(trainsim):
+    trainer = trainsim.start("--no-marker", "--checkpoint-seconds", "1.0", "--save-every", "0")
+    trainsim.wait_for_step(2)
+    trainer.send_signal(signal.SIGUSR1)
+    directory = wait_for(lambda: next(trainsim.checkpoint_dir.glob("step_*"), None), what="checkpoint directory")
+    sizes_seen = set()
+    while not (directory / "trainer_state.json").exists():
+        model = directory / "model.safetensors"
+        if model.exists():
+            sizes_seen.add(model.stat().st_size)
+        time.sleep(0.01)
+    assert len(sizes_seen) >= 2, "its files grow while it is written"
+    trainsim.wait_for_log("Checkpoint saved")
+    assert not (directory / "COMPLETE").exists()
+    step = int(directory.name.removeprefix("step_"))
+    trainer.send_signal(signal.SIGTERM)
+    assert trainer.wait(timeout=10) == 0
+    debris = trainsim.checkpoint_dir / f"step_{step + 50:09d}"
+    debris.mkdir()
+    (debris / "model.safetensors").write_bytes(b"partial")  # a save killed half way: no trainer_state.json
+    trainsim.log_file.unlink()
+    resumed = trainsim.start("--no-marker")
+    trainsim.wait_for_step(step + 1)
+    assert trainsim.log_lines()[0].endswith(f"Resuming from checkpoint {directory} (global step {step})")
+    resumed.send_signal(signal.SIGTERM)
+    resumed.wait(timeout=10)
+
+
 # --- resume -----------------------------------------------------------------------------
 
 

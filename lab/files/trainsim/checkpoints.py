@@ -17,6 +17,11 @@ What a consumer can rely on: a directory is a usable checkpoint if and only if
 its ``COMPLETE`` exists. A directory without it is a save in progress, or the
 debris of a save that was interrupted (a killed trainer leaves it behind
 forever). ``*.tmp`` names inside are never final files.
+
+With ``marker=False`` (the trainer's ``--no-marker``) step 4 is left out, as by
+trainers that write no marker at all. The trainer itself then counts a
+directory as complete when ``trainer_state.json`` (written last) parses with its
+``global_step``; a consumer has only the files' sizes and times to go by.
 """
 
 from __future__ import annotations
@@ -43,24 +48,27 @@ def directory_name(step: int) -> str:
     return f"step_{step:09d}"
 
 
-def is_complete(path: Path) -> bool:
-    return (path / MARKER).is_file()
+def is_complete(path: Path, marker: bool = True) -> bool:
+    """With a marker: the marker exists. Without: trainer_state.json, written last, names the step."""
+    if marker:
+        return (path / MARKER).is_file()
+    return "global_step" in read_trainer_state(path)
 
 
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+def complete_checkpoints(root: Path, marker: bool = True) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint, oldest first."""
     if not root.is_dir():
         return []
     found = []
     for entry in root.iterdir():
         match = DIR_PATTERN.match(entry.name)
-        if match and entry.is_dir() and is_complete(entry):
+        if match and entry.is_dir() and is_complete(entry, marker):
             found.append((int(match.group(1)), entry))
     return sorted(found)
 
 
-def newest_complete(root: Path) -> tuple[int, Path] | None:
-    found = complete_checkpoints(root)
+def newest_complete(root: Path, marker: bool = True) -> tuple[int, Path] | None:
+    found = complete_checkpoints(root, marker)
     return found[-1] if found else None
 
 
@@ -106,11 +114,13 @@ def _write_in_chunks(path: Path, payload: bytes, pause: Callable[[], None]) -> N
         os.fsync(handle.fileno())
 
 
-def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict) -> Path:
-    """Save step ``step`` under ``root``, spreading the work over ``seconds``."""
+def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict, marker: bool = True) -> Path:
+    """Save step ``step`` under ``root``, spreading the work over ``seconds``; the marker last unless ``marker`` is
+    False."""
     target = root / directory_name(step)
     target.mkdir(parents=True, exist_ok=True)
     (target / MARKER).unlink(missing_ok=True)
+    (target / "trainer_state.json").unlink(missing_ok=True)
     state = {"global_step": step, **trainer_state}
     files = {
         "model.safetensors": safetensors_bytes(step),
@@ -125,7 +135,11 @@ def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict)
 
     for name, payload in files.items():
         _write_in_chunks(target / name, payload, pause)
-    marker = {
+    if not marker:
+        _fsync_directory(target)
+        _fsync_directory(root)
+        return target
+    content = {
         "step": step,
         "files": {
             name: {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
@@ -134,7 +148,7 @@ def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict)
     }
     temporary = target / f"{MARKER}.tmp"
     with open(temporary, "w") as handle:
-        handle.write(json.dumps(marker) + "\n")
+        handle.write(json.dumps(content) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, target / MARKER)

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-on", choices=("sigusr1", "trigger", "never"), default="sigusr1")
     parser.add_argument("--trigger-file", help="default: <checkpoint-dir>/SAVE_NOW")
     parser.add_argument("--checkpoint-seconds", type=float, default=1.0, help="how long one save takes")
+    parser.add_argument("--no-marker", action="store_true",
+                        help="write no COMPLETE marker (resume goes by trainer_state.json, written last)")
     parser.add_argument("--on-sigterm", choices=("exit", "ignore", "checkpoint-then-exit"), default="exit")
     parser.add_argument("--gpus", default="0", help="GPU indices held by a single-process run, e.g. 0,1 or 0-7")
     parser.add_argument("--gpu-mib", type=int, default=19592, help="MiB held per GPU; 0 = none")
@@ -235,7 +237,7 @@ class Trainer:
     def initial_step(self) -> tuple[int, Path | None, float]:
         if self.options.start_step is not None:
             return self.options.start_step, None, 0.0
-        newest = checkpoints.newest_complete(self.root)
+        newest = checkpoints.newest_complete(self.root, marker=not self.options.no_marker)
         if newest is None:
             return 0, None, 0.0
         step, path = newest
@@ -260,7 +262,7 @@ class Trainer:
 
     def save(self, reason: str) -> None:
         target = self.root / checkpoints.directory_name(self.step)
-        if checkpoints.is_complete(target):
+        if checkpoints.is_complete(target, marker=not self.options.no_marker):
             self.log.line(f"Checkpoint for global step {self.step} already on disk ({reason})")
             return
         self.log.line(f"Saving checkpoint for global step {self.step} ({reason}) to {target}")
@@ -268,6 +270,7 @@ class Trainer:
         checkpoints.write_checkpoint(
             self.root, self.step, self.options.checkpoint_seconds,
             {"train_minutes": round(self.log.minutes(), 3), "world_size": self.rank.world_size},
+            marker=not self.options.no_marker,
         )
         self.log.line(f"Checkpoint saved: {target} ({time.monotonic() - started:.1f}s)")
 
