@@ -1,15 +1,22 @@
 """A pivot in progress holds both hosts' locks: a second pivot started meanwhile refuses and leaves them alone. The
 first run is then killed (SIGKILL to it and all it started, as when the operator's machine dies) after it stopped the
 training job, in the middle of the switch, with no server running. A re-run takes over its stale locks and converges
-to the DDTree release; the job is not restarted, and the checkpoint the killed run confirmed stays on disk."""
+to the DDTree release; the job is not restarted, and the checkpoint the killed run confirmed stays on disk.
+
+Ctrl-C during the training stop never leaves a stop running unwatched: pressed while the stop waits for the
+checkpoint, the stop on ct200 cancels itself once the controller's heartbeat is gone (the job runs on, nothing was
+killed); pressed after SIGTERM went out, the stop finishes by itself and the next run records it as finished
+unattended."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pivotlab
 import pytest
+import stopwatch
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
@@ -104,3 +111,88 @@ def test_rerun_after_the_kill_converges(interruption: Interruption) -> None:
     assert training.checkpoints == interruption.training_after_kill.checkpoints
     assert serving.current == pivotlab.DDTREE and serving.active and serving.algorithm == "DDTREE"
     assert training.lock is None and serving.lock is None, "the re-run released the locks it took over"
+
+
+# --- Ctrl-C during the training stop -----------------------------------------------------------------------------
+
+HEARTBEAT_TIMEOUT_S = 20
+GRACE_PERIOD_S = 45
+CHECKPOINT_WAIT = r"^ct200: waiting for a complete checkpoint newer than the request: "
+SIGTERM_WAIT = r"^ct200: SIGTERM sent: waiting for the job to exit"
+
+
+def test_ctrl_c_while_the_stop_waits_for_its_checkpoint_cancels_it_and_the_job_runs_on(
+    training: Callable[..., pivotlab.Training]
+) -> None:
+    job = training("--checkpoint-on", "never")
+    run = stopwatch.TerminalRun.start("pivot.yml", f"stop_training_heartbeat_timeout={HEARTBEAT_TIMEOUT_S}")
+    try:
+        run.wait_for_line(CHECKPOINT_WAIT, timeout=400)
+    except AssertionError:
+        run.kill()
+        raise
+    first_run_id = pivotlab.training_state().lock["run_id"]
+
+    assert run.ctrl_c() != 0
+
+    def cancelled() -> list[dict]:
+        return [r for r in stopwatch.host_records() if r["run_id"] == first_run_id and r["outcome"] == "cancelled"]
+
+    [record] = stopwatch.wait_until(cancelled, HEARTBEAT_TIMEOUT_S + 40, "cancelled stop on ct200")
+    assert stopwatch.stop_processes() == [], "the stop ended with its record"
+    assert record["finished_unattended"] is True and record["committed_at"] is None
+    assert record["msg"].startswith("Cancelled: the controller stopped watching this stop")
+    assert "The job was left running; nothing was stopped." in record["msg"]
+    after = pivotlab.training_state()
+    assert after.pids == job.pids, "every process of the job still runs"
+    assert after.checkpoints == job.checkpoints
+    new_lines = after.signal_lines[len(job.signal_lines):]
+    assert new_lines and all("Checkpoint requested (SIGUSR1)" in line for line in new_lines), new_lines
+
+
+def test_ctrl_c_after_sigterm_lets_the_stop_finish_and_the_next_run_records_it(
+    training: Callable[..., pivotlab.Training]
+) -> None:
+    job = training("--on-sigterm", "ignore")
+    run = stopwatch.TerminalRun.start("pivot.yml", f"stop_training_heartbeat_timeout={HEARTBEAT_TIMEOUT_S}",
+                                      f"pivot_training_grace_period={GRACE_PERIOD_S}")
+    try:
+        run.wait_for_line(SIGTERM_WAIT, timeout=400)
+    except AssertionError:
+        run.kill()
+        raise
+    first_run_id = pivotlab.training_state().lock["run_id"]
+
+    assert run.ctrl_c() != 0
+    assert pivotlab.training_state().pids, "the job ignores SIGTERM: it still runs when the controller is gone"
+
+    def stopped() -> list[dict]:
+        return [r for r in stopwatch.host_records() if r["run_id"] == first_run_id and r["outcome"] == "stopped"]
+
+    [record] = stopwatch.wait_until(stopped, GRACE_PERIOD_S + 60, "finished stop on ct200")
+    assert stopwatch.stop_processes() == []
+    assert record["finished_unattended"] is True and record["sigkill_needed"] is True
+    assert sorted(p["pid"] for p in record["job"]["processes"]) == sorted(job.pids - {_run_sh(job)})
+    training_after = pivotlab.training_state()
+    assert training_after.pids == set(), f"the stop did not finish the job: {training_after.processes}"
+    checkpoint = record["checkpoint"]["path"].rsplit("/", 1)[-1]
+    assert training_after.checkpoints.get(checkpoint) is True, "the checkpoint it confirmed is complete on disk"
+
+    rerun = pivotlab.run_playbook("pivot.yml")
+
+    stop = rerun.phase("stop_training")
+    assert stop["status"] == "ok", rerun.summary()
+    assert stop["findings"]["result"].startswith("No process of the job is running")
+    assert (first_run_id, "stopped") in [(e["run_id"], e["outcome"]) for e in stop["findings"]["earlier_stops"]]
+    last = json.loads((pivotlab.REPO / "state" / "ct200" / "last-stop.json").read_text())
+    assert (last["run_id"], last["outcome"], last["finished_unattended"]) == (first_run_id, "stopped", True)
+    assert last["checkpoint"]["path"] == record["checkpoint"]["path"]
+    assert last["imported_by_run_id"] == rerun.run_id
+    history = (pivotlab.REPO / "state" / "ct200" / "stops.jsonl").read_text().splitlines()
+    assert json.loads(history[-1])["run_id"] == first_run_id
+    assert stopwatch.host_records() == [], "imported records are removed from the host"
+
+
+def _run_sh(job: pivotlab.Training) -> int:
+    """run.sh's bash: not part of what the stop signals (it matches train_dflash_pipeline.py, run.sh's child)."""
+    return next(p["pid"] for p in job.processes if "/opt/trainsim/run.sh" in p["args"])

@@ -5,11 +5,14 @@ scenarios.)"""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Callable
 
 import pivotlab
 import pytest
+import stopwatch
 import yaml
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
@@ -18,10 +21,13 @@ PRODUCTION_TRAINING_VARS = pivotlab.REPO / "inventory" / "production" / "group_v
 CHECKPOINT_TIMEOUT_S = 5
 
 
+def production_checkpoint_settings() -> dict:
+    return yaml.safe_load(PRODUCTION_TRAINING_VARS.read_text())["pivot_training_checkpoint"]
+
+
 def checkpoint_settings_with_timeout(seconds: int) -> str:
     """The production checkpoint settings with a short timeout, as one JSON -e (it replaces the whole dict)."""
-    settings = yaml.safe_load(PRODUCTION_TRAINING_VARS.read_text())["pivot_training_checkpoint"]
-    return json.dumps({"pivot_training_checkpoint": {**settings, "timeout": seconds}})
+    return json.dumps({"pivot_training_checkpoint": {**production_checkpoint_settings(), "timeout": seconds}})
 
 
 def test_checkpoint_that_never_lands_leaves_the_job_running(
@@ -33,7 +39,8 @@ def test_checkpoint_that_never_lands_leaves_the_job_running(
 
     assert run.rc != 0, run.summary()
     assert "Phase 'stop_training' failed on ct200" in run.message, run.summary()
-    assert (f"No new complete checkpoint matching /root/train/checkpoints/step_* appeared within "
+    checkpoints = production_checkpoint_settings()["path"]
+    assert (f"No new complete checkpoint matching {checkpoints}/step_* appeared within "
             f"{CHECKPOINT_TIMEOUT_S}s") in run.message, run.summary()
     assert "The job was left running; nothing was stopped." in run.message
     assert run.report is not None and run.report["status"] == "failed"
@@ -48,3 +55,38 @@ def test_checkpoint_that_never_lands_leaves_the_job_running(
     # The serving host was not touched: the baseline serves on, as it did.
     serving = pivotlab.serving_state()
     pivotlab.assert_serving_untouched(baseline, serving)
+
+
+# --- progress ------------------------------------------------------------------------------------------------------
+
+SLOW_CHECKPOINT_S = 50
+PROGRESS_EVERY_S = 30
+CHECKPOINT_PROGRESS = re.compile(
+    r"^waiting for a complete checkpoint newer than the request: (?P<waited>\d+) s of (?P<timeout>\d+), "
+    r"(?P<seen>no new one yet.*|newest step_\d{9} \((?P<state>[^,]+), [\d.]+ (?:B|KiB|MiB|GiB)\))$"
+)
+STOP_DONE = r"TASK \[pivot\.ops\.stop_training : Publish what the stop found\]"
+
+
+def test_a_slow_checkpoint_prints_progress_at_least_every_30_s(training: Callable[..., pivotlab.Training]) -> None:
+    """A 50 s save: the default output (pivot.ops.progress, 15 s between lines of one stage) says what the stop waits
+    for, how long it has waited and what it sees, while it waits. The run is ended once the stop is done: the serving
+    side is not what this test is about."""
+    training("--checkpoint-seconds", str(SLOW_CHECKPOINT_S))
+    run = stopwatch.TerminalRun.start("pivot.yml")
+    try:
+        run.wait_for_line(STOP_DONE, timeout=400)
+    finally:
+        run.kill()
+
+    waits = [(at, CHECKPOINT_PROGRESS.match(text)) for at, text in run.progress()
+             if text.startswith("waiting for a complete checkpoint")]
+    assert all(match for _at, match in waits), [text for _at, text in run.progress()]
+    assert len(waits) >= SLOW_CHECKPOINT_S // PROGRESS_EVERY_S + 1, run.output[-4000:]
+    assert {match["timeout"] for _at, match in waits} == {"900"}
+    assert any(match["state"] == "growing" for _at, match in waits), "the save was seen growing"
+    arrivals = [at for at, _match in waits]
+    assert max(b - a for a, b in itertools.pairwise(arrivals)) <= PROGRESS_EVERY_S, arrivals
+    waited = [int(match["waited"]) for _at, match in waits]
+    assert waited == sorted(waited) and waited[-1] >= SLOW_CHECKPOINT_S - PROGRESS_EVERY_S
+    assert "FAILED - RETRYING" not in run.output
