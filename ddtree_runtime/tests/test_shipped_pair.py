@@ -94,13 +94,13 @@ def post(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def served_accept_length(tmp_path: Path, drafter: Path) -> float:
+def served_accept_length(tmp_path: Path, drafter: Path, target: Path = SHIPPED_TARGET) -> float:
     """Serve the pair as the pivot does (DDTree, 16 draft tokens, budget 64, top-8), send the role's greedy
     smoke request twice and read /server_info's avg_spec_accept_length, like the acceptance gate."""
     env = {**os.environ, "DDTREE_BUDGET": "64", "DDTREE_TOPK": "8", "DDTREE_LAB_TORCH_THREADS": "1"}
     argv = [
         sys.executable, "-m", "ddtree_runtime.labserver", "--host", "127.0.0.1", "--port", "0",
-        "--model-path", str(SHIPPED_TARGET), "--speculative-algorithm", "DDTREE",
+        "--model-path", str(target), "--speculative-algorithm", "DDTREE",
         "--speculative-draft-model-path", str(drafter), "--speculative-num-draft-tokens", "16",
     ]  # fmt: skip
     process = subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)

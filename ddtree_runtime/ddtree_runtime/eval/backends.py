@@ -24,13 +24,15 @@ from typing import Any
 import torch
 
 from ddtree_runtime.labserver.models import load_tokenizer
-from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash, load_qwen3
+from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash, load_target
 from ddtree_runtime.reference.decoding import Method
 from ddtree_runtime.sampling import SamplingParams
 
 SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "models"
 SHIPPED_TARGET = SHIPPED_MODELS / "pivot-coder-tiny"
 SHIPPED_DRAFTER = SHIPPED_MODELS / "pivot-coder-tiny-dflash"
+SHIPPED_HYBRID_TARGET = SHIPPED_MODELS / "pivot-coder-tiny-hybrid"
+SHIPPED_HYBRID_DRAFTER = SHIPPED_MODELS / "pivot-coder-tiny-hybrid-dflash"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -68,7 +70,8 @@ class EvalError(RuntimeError):
 
 
 class ReferenceBackend:
-    """The pure-PyTorch reference engine on local target/drafter directories."""
+    """The pure-PyTorch reference engine on local target/drafter directories (the target's architecture, dense
+    Qwen3 or the Qwen3.5/3.6 hybrid, is read from its ``config.json``)."""
 
     def __init__(self, target_dir: Path, drafter_dirs: dict[str, Path], device: str, dtype: str) -> None:
         if dtype not in DTYPES:
@@ -77,14 +80,15 @@ class ReferenceBackend:
             if not (path / "config.json").is_file():
                 raise EvalError(f"{path} is not a model directory (no config.json)")
         torch_dtype = DTYPES[dtype]
-        self.target = load_qwen3(target_dir, dtype=torch_dtype, device=device)
+        self.target = load_target(target_dir, dtype=torch_dtype, device=device)
         self.tokenizer = load_tokenizer(target_dir)
         self.eos = frozenset(self.target.config.eos_token_id) | self.tokenizer.eos_token_ids
         self.decoders = {None: SpeculativeDecoder(self.target)}
         for label, path in drafter_dirs.items():
             drafter = DFlashDrafter(load_dflash(path, dtype=torch_dtype, device=device), self.target)
             self.decoders[label] = SpeculativeDecoder(self.target, drafter)
-        self.description = {"backend": "reference", "target": str(target_dir), "device": device, "dtype": dtype}
+        self.description = {"backend": "reference", "target": str(target_dir), "device": device, "dtype": dtype,
+                            "architecture": type(self.target).__name__}
 
     def generate(self, prompt: str, spec: RunSpec, params: SamplingParams) -> Sample:
         decoder = self.decoders.get(spec.drafter if spec.method != "ar" else None)

@@ -1,4 +1,5 @@
-"""The lab server's engine: loads the models named on the command line and serialises generations."""
+"""The lab server's engine: loads the models named on the command line (the target's architecture, dense Qwen3 or
+the Qwen3.5/3.6 hybrid, read from its config.json) and serialises generations."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from ddtree_runtime.labserver.cli import TreeKnobs, reported_algorithm
 from ddtree_runtime.labserver.models import load_tokenizer, resolve_drafter_dir, resolve_target_dir
-from ddtree_runtime.reference import DFlashDrafter, GenerationResult, SpeculativeDecoder, load_dflash, load_qwen3
+from ddtree_runtime.reference import DFlashDrafter, GenerationResult, SpeculativeDecoder, load_dflash, load_target
 from ddtree_runtime.reference.decoding import Method
 from ddtree_runtime.sampling import SamplingParams
 
@@ -102,8 +103,8 @@ class LabEngine:
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.target_dir = resolve_target_dir(args.model_path)
-        log.info("loading target from %s", self.target_dir)
-        target = load_qwen3(self.target_dir, dtype=dtype, device=device)
+        target = load_target(self.target_dir, dtype=dtype, device=device)
+        log.info("loaded target %s from %s", type(target).__name__, self.target_dir)
         drafter = None
         if args.speculative_draft_model_path:
             self.drafter_dir = resolve_drafter_dir(args.speculative_draft_model_path, target.config)

@@ -3,8 +3,10 @@
 The lab's serving host has no weights at the production paths. When ``PIVOT_LAB_MODEL_ROOT`` is set and a
 model path has no ``config.json``, the path is mapped to ``$PIVOT_LAB_MODEL_ROOT/<path with / as _>`` and a
 small random model is created there on first use (seeded from the path, so every host builds the same
-weights; written atomically; never downloaded). Targets are Qwen3 checkpoints; drafters are z-lab-format
-DFlash checkpoints sized to the target. Lab models carry ``pivot_lab_model.json`` describing their origin.
+weights; written atomically; never downloaded). Random lab targets are Qwen3 checkpoints; a model directory given
+on disk may hold either architecture (Qwen3, or the Qwen3.5/3.6 hybrid in its multimodal layout). Drafters are
+z-lab-format DFlash checkpoints sized to the target. Lab models carry ``pivot_lab_model.json`` describing their
+origin.
 
 Tokenizer: a model directory with ``tokenizer.json`` uses Hugging Face's tokenizer when ``transformers`` is
 installed; otherwise (and for lab models) :class:`ByteTokenizer` is used.
@@ -24,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 from ddtree_runtime.reference import (
     DFlashConfig,
     Qwen3Config,
+    Qwen35TextConfig,
     build_target_layer_ids,
     random_dflash,
     random_qwen3,
@@ -132,6 +135,12 @@ def chat_prompt(messages: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+def thinking_suffix(enable_thinking: bool) -> str:
+    """What a thinking model's chat template (Qwen3.6's) puts after the assistant header: an open think block, or,
+    with ``chat_template_kwargs.enable_thinking: false``, an empty closed one so the model answers at once."""
+    return "<think>\n" if enable_thinking else "<think>\n\n</think>\n\n"
+
+
 def lab_seed(path: str) -> int:
     return int.from_bytes(hashlib.sha256(path.encode()).digest()[:4], "big")
 
@@ -155,7 +164,7 @@ def lab_target_config() -> Qwen3Config:
     )
 
 
-def lab_drafter_config(target: Qwen3Config) -> DFlashConfig:
+def lab_drafter_config(target: Qwen3Config | Qwen35TextConfig) -> DFlashConfig:
     return DFlashConfig(
         vocab_size=target.vocab_size,
         hidden_size=target.hidden_size,
@@ -197,7 +206,7 @@ def resolve_target_dir(path: str) -> Path:
     return _resolve_model_dir(path, "target", save_random)
 
 
-def resolve_drafter_dir(path: str, target: Qwen3Config) -> Path:
+def resolve_drafter_dir(path: str, target: Qwen3Config | Qwen35TextConfig) -> Path:
     """The directory to load the drafter from (creating a lab drafter for ``target`` when not on disk)."""
 
     def save_random(seed: int, staging: Path) -> None:

@@ -26,7 +26,13 @@ from ddtree_runtime.reference.qwen3_5 import (
     random_qwen35,
     save_qwen35,
 )
-from ddtree_runtime.reference.target import TargetModel, load_target, target_architecture
+from ddtree_runtime.reference.target import (
+    TargetModel,
+    load_target,
+    random_target,
+    save_target,
+    target_architecture,
+)
 
 __all__ = [
     "METHODS",
@@ -52,8 +58,10 @@ __all__ = [
     "random_dflash",
     "random_qwen3",
     "random_qwen35",
+    "random_target",
     "save_dflash",
     "save_qwen3",
     "save_qwen35",
+    "save_target",
     "target_architecture",
 ]

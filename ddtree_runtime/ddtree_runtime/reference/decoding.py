@@ -64,6 +64,10 @@ class DFlashDrafter:
         too_deep = [i for i in model.config.target_layer_ids if not 0 <= i < target.config.num_hidden_layers]
         if too_deep:
             raise ValueError(f"target_layer_ids {too_deep} are outside the target's layers")
+        trained_on = model.config.num_target_layers
+        if trained_on is not None and trained_on != target.config.num_hidden_layers:
+            raise ValueError(f"the drafter was trained for a {trained_on}-layer target, not this "
+                             f"{target.config.num_hidden_layers}-layer one")
         if not 0 <= model.mask_token_id < target.config.vocab_size:
             raise ValueError(f"mask_token_id {model.mask_token_id} is outside the target vocabulary")
         self.model = model

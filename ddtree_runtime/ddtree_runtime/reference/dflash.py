@@ -62,6 +62,8 @@ class DFlashConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    num_target_layers: int | None = None
+    """The layer count of the target it was trained for (z-lab writes it; the preflight compares it)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -89,6 +91,7 @@ class DFlashConfig:
             raise ValueError("drafter config must define dflash_config.mask_token_id")
         heads = int(config["num_attention_heads"])
         softcap = draft_value("final_logit_softcapping")
+        trained_on = draft_value("num_target_layers")
         return cls(
             vocab_size=int(config["vocab_size"]),
             hidden_size=int(config["hidden_size"]),
@@ -109,10 +112,12 @@ class DFlashConfig:
             input_embedding_scale=float(draft_value("input_embedding_scale", 1.0)),
             output_multiplier=float(draft_value("output_multiplier", 1.0)),
             final_logit_softcapping=None if softcap is None else float(softcap),
+            num_target_layers=None if trained_on is None else int(trained_on),
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The z-lab ``config.json`` layout."""
+        trained_on = {} if self.num_target_layers is None else {"num_target_layers": self.num_target_layers}
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
@@ -132,6 +137,7 @@ class DFlashConfig:
             "sliding_window": self.sliding_window,
             "attention_bias": False,
             "dflash_config": {"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id},
+            **trained_on,
             "torch_dtype": "float32",
         }
 

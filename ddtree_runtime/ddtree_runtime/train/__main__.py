@@ -1,6 +1,6 @@
 """Command line: make the pair, a random drafter for comparison, the held-out prompt file, or checksums.
 
-    python -m ddtree_runtime.train pair --out DIR [--device cuda] [--target-seconds 150] ...
+    python -m ddtree_runtime.train pair --out DIR [--shape tiny|tiny-hybrid] [--device cuda] [--target-seconds 150] ...
     python -m ddtree_runtime.train random-drafter --like DRAFTER_DIR --out DIR [--seed 7]
     python -m ddtree_runtime.train held-out-prompts --out FILE [--count 12]
     python -m ddtree_runtime.train checksums DIR [--write]
@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     pair = sub.add_parser("pair", help="train the target and the drafter, write both checkpoints")
     pair.add_argument("--out", type=Path, required=True)
     pair.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    pair.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    pair.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                      help="architecture and size: tiny / smoke (Qwen3), tiny-hybrid / smoke-hybrid (Qwen3.5/3.6)")
+    pair.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     pair.add_argument("--seed", type=int, default=0)
     pair.add_argument("--stdlib", type=Path, help="corpus root (default: this Python's standard library)")
     pair.add_argument("--max-files", type=int, help="use only the first N source files (smoke runs)")
@@ -111,6 +113,8 @@ def write_random_drafter(like: Path, out: Path, seed: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "pair":
+        if args.threads:
+            torch.set_num_threads(args.threads)
         make_pair(recipe_from(args), args.out, args.device, args.stdlib)
     elif args.command == "random-drafter":
         write_random_drafter(args.like, args.out, args.seed)

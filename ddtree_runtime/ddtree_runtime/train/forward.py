@@ -1,22 +1,30 @@
 """Batched, differentiable forwards over the reference modules' own parameters.
 
-The reference :class:`Qwen3ForCausalLM` and :class:`DFlashDraftModel` run batch 1 under
-``torch.inference_mode``; training needs batches and gradients. These functions reuse the same submodules
-(so a trained model saves with the reference ``save_*`` functions and loads unchanged) and use
-``scaled_dot_product_attention``. The tests check them against the reference forwards.
+The reference targets (:class:`Qwen3ForCausalLM`, the hybrid :class:`Qwen35ForCausalLM`) and
+:class:`DFlashDraftModel` run batch 1 under ``torch.inference_mode``; training needs batches and gradients. These
+functions reuse the same submodules (so a trained model saves with the reference ``save_*`` functions and loads
+unchanged), use ``scaled_dot_product_attention`` and, for the hybrid's Gated DeltaNet layers, the chunked delta
+rule. The tests check them against the reference forwards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
 
+from ddtree_runtime.model_layout import LINEAR_ATTENTION
 from ddtree_runtime.reference.dflash import DFlashDraftModel
+from ddtree_runtime.reference.gated_deltanet import DeltaInputs, GatedDeltaNet, gated_delta_chunked
 from ddtree_runtime.reference.layers import apply_rope
-from ddtree_runtime.reference.qwen3 import Qwen3Attention, Qwen3ForCausalLM
+from ddtree_runtime.reference.qwen3 import Qwen3Attention
+from ddtree_runtime.reference.qwen3_5 import GatedAttention, HybridLayer
+from ddtree_runtime.reference.target import TargetModel
+
+TRAIN_CHUNK = 32
+"""Chunk length of the training delta rule: on CPU, 32 runs a 256-token window about twice as fast as 64."""
 
 
 class RopeTable:
@@ -32,6 +40,19 @@ class RopeTable:
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
+@dataclass(frozen=True)
+class PairRopes:
+    """RoPE tables of a target and its drafter: they differ when the target rotates only part of each head
+    (Qwen3.5/3.6) or uses another base."""
+
+    target: RopeTable
+    drafter: RopeTable
+
+    @classmethod
+    def of(cls, target: TargetModel, drafter: DFlashDraftModel, size: int, device: torch.device | str) -> PairRopes:
+        return cls(RopeTable(target.rotary.inv_freq, size, device), RopeTable(drafter.rotary.inv_freq, size, device))
+
+
 def _split_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
     """``[B, T, heads * D]`` -> ``[B, heads, T, D]``."""
     return x.unflatten(-1, (heads, head_dim)).transpose(1, 2)
@@ -43,14 +64,19 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class BatchKV:
-    """Per-layer K/V ``[B, Hkv, capacity, D]`` for batched greedy generation; ``length`` slots are live."""
+    """Per-layer K/V ``[B, Hkv, capacity, D]`` for batched greedy generation; ``length`` slots are live.
+
+    For a hybrid target, ``linear`` holds each Gated DeltaNet layer's ``(conv window [B, K - 1, C], recurrent
+    state [B, H, d_k, d_v])`` after the live tokens (absent before the first forward).
+    """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int = 0
+    linear: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
-    def empty(cls, model: Qwen3ForCausalLM, batch: int, capacity: int, dtype: torch.dtype) -> BatchKV:
+    def empty(cls, model: TargetModel, batch: int, capacity: int, dtype: torch.dtype) -> BatchKV:
         c = model.config
         shape = (batch, c.num_key_value_heads, capacity, c.head_dim)
         device = model.device
@@ -72,24 +98,78 @@ def _target_attention(
     k = apply_rope(attn.k_norm(_split_heads(attn.k_proj(x), attn.num_kv_heads, attn.head_dim)), cos, sin)
     v = _split_heads(attn.v_proj(x), attn.num_kv_heads, attn.head_dim)
     q, k = q.to(v.dtype), k.to(v.dtype)  # under autocast the norms return float32, the projections bf16
+    return attn.o_proj(_merge_heads(_cached_attention(q, k, v, cache, layer)))
+
+
+def _gated_attention(
+    attn: GatedAttention,
+    x: torch.Tensor,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    cache: BatchKV | None,
+    layer: int,
+) -> torch.Tensor:
+    cos, sin = cos_sin
+    query, gate = attn.queries_and_gate(x)
+    keys, values = attn.keys_values(x)
+    v = values.transpose(1, 2)
+    q = apply_rope(query.transpose(1, 2), cos, sin).to(v.dtype)
+    k = apply_rope(keys.transpose(1, 2), cos, sin).to(v.dtype)
+    out = _merge_heads(_cached_attention(q, k, v, cache, layer))
+    return attn.o_proj(out * torch.sigmoid(gate).to(out.dtype))
+
+
+def _linear_attention(gdn: GatedDeltaNet, x: torch.Tensor, cache: BatchKV | None, layer: int) -> torch.Tensor:
+    """Gated DeltaNet on ``x [B, T, hidden]``: causal conv and chunked delta rule, continuing ``cache``'s state."""
+    batch = x.shape[0]
+    qkv = gdn.in_proj_qkv(x)
+    conv_state, recurrent = cache.linear[layer] if cache is not None and layer in cache.linear else (None, None)
+    if conv_state is None:
+        conv_state = qkv.new_zeros(batch, gdn.conv_kernel - 1, gdn.conv_channels)
+    padded = torch.cat([conv_state.to(qkv.dtype), qkv], dim=1).transpose(1, 2)
+    convolved = F.conv1d(padded, gdn.conv1d.weight.to(qkv.dtype), groups=gdn.conv_channels).transpose(1, 2)
+    inputs = gdn.delta_inputs(F.silu(convolved), x)
+    if recurrent is None:
+        recurrent = inputs.v.new_zeros(batch, gdn.value_heads, gdn.key_dim, gdn.value_dim)
+    heads_first = DeltaInputs(*(t.transpose(1, 2).contiguous() for t in (
+        inputs.q, inputs.k, inputs.v, inputs.log_decay, inputs.beta)))
+    core, final = gated_delta_chunked(heads_first, recurrent, chunk_size=TRAIN_CHUNK)
+    if cache is not None:
+        cache.linear[layer] = (padded[:, :, padded.shape[2] - conv_state.shape[1] :].transpose(1, 2), final)
+    return gdn.output(core.transpose(1, 2), x)
+
+
+def _cached_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: BatchKV | None, layer: int
+) -> torch.Tensor:
+    """Causal attention of ``q/k/v [B, H, T, D]``; with ``cache`` a prefill writes it, later calls append."""
     if cache is None or cache.length == 0:
         if cache is not None:
-            cache.keys[layer][:, :, : x.shape[1]] = k
-            cache.values[layer][:, :, : x.shape[1]] = v
+            cache.keys[layer][:, :, : k.shape[2]] = k
+            cache.values[layer][:, :, : k.shape[2]] = v
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     else:
-        if x.shape[1] != 1:
+        if q.shape[2] != 1:
             raise ValueError("after the prefill, cached generation takes one token per step")
         end = cache.length + 1
         cache.keys[layer][:, :, cache.length : end] = k
         cache.values[layer][:, :, cache.length : end] = v
         keys, values = cache.keys[layer][:, :, :end], cache.values[layer][:, :, :end]
         out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-    return attn.o_proj(_merge_heads(out))
+    return out
+
+
+def _mix(layer: torch.nn.Module, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+         cache: BatchKV | None, index: int) -> torch.Tensor:
+    """One decoder layer's token mixer on its normed input, whichever kind it is."""
+    if isinstance(layer, HybridLayer):
+        if layer.kind == LINEAR_ATTENTION:
+            return _linear_attention(layer.linear_attn, x, cache, index)
+        return _gated_attention(layer.self_attn, x, cos_sin, cache, index)
+    return _target_attention(layer.self_attn, x, cos_sin, cache, index)
 
 
 def target_forward(
-    model: Qwen3ForCausalLM,
+    model: TargetModel,
     input_ids: torch.Tensor,
     rope: RopeTable,
     *,
@@ -109,7 +189,7 @@ def target_forward(
     last = model.config.num_hidden_layers - 1
     captured: dict[int, torch.Tensor] = {}
     for index, layer in enumerate(model.model.layers):
-        x = x + _target_attention(layer.self_attn, layer.input_layernorm(x), cos_sin, cache, index)
+        x = x + _mix(layer, layer.input_layernorm(x), cos_sin, cache, index)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         if index in capture_layers and index != last:
             captured[index] = x
@@ -124,7 +204,7 @@ def target_forward(
 
 @torch.no_grad()
 def greedy_continue(
-    model: Qwen3ForCausalLM, prompts: torch.Tensor, new_tokens: int, rope: RopeTable, dtype: torch.dtype
+    model: TargetModel, prompts: torch.Tensor, new_tokens: int, rope: RopeTable, dtype: torch.dtype
 ) -> torch.Tensor:
     """Greedy continuations ``[B, P + new_tokens]`` of equal-length prompts ``[B, P]`` (KV cached)."""
     cache = BatchKV.empty(model, prompts.shape[0], prompts.shape[1] + new_tokens, dtype)
@@ -155,14 +235,15 @@ def block_visibility(anchors: torch.Tensor, context_length: int, block_size: int
 
 def drafter_block_logits(
     drafter: DFlashDraftModel,
-    target: Qwen3ForCausalLM,
+    target: TargetModel,
     features: torch.Tensor,
     input_ids: torch.Tensor,
     anchors: torch.Tensor,
     *,
     rope: RopeTable,
 ) -> torch.Tensor:
-    """DFlash training forward: one block per anchor, all blocks of a sequence in one pass.
+    """DFlash training forward: one block per anchor, all blocks of a sequence in one pass (``rope``: the
+    drafter's table).
 
     ``features [B, T, n * H]`` are the target features of ``input_ids [B, T]``; ``anchors [B, A]`` are block
     start positions (the anchor token is the block's clean slot 0, the other slots hold the mask token).

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ddtree_runtime.reference import DFlashDraftModel, Qwen3ForCausalLM
+from ddtree_runtime.reference import DFlashDraftModel, TargetModel
 from ddtree_runtime.train.corpus import TokenStream, random_windows, windows_ending_at
-from ddtree_runtime.train.forward import RopeTable, drafter_block_logits, greedy_continue, target_forward
+from ddtree_runtime.train.forward import PairRopes, RopeTable, drafter_block_logits, greedy_continue, target_forward
 
 
 @dataclass(frozen=True)
@@ -103,14 +103,14 @@ def _step(optimizer: torch.optim.Optimizer, model: torch.nn.Module, loss: torch.
     optimizer.step()
 
 
-def lm_loss(model: Qwen3ForCausalLM, windows: torch.Tensor, rope: RopeTable) -> torch.Tensor:
+def lm_loss(model: TargetModel, windows: torch.Tensor, rope: RopeTable) -> torch.Tensor:
     logits, _unused = target_forward(model, windows[:, :-1], rope)
     assert logits is not None
     return F.cross_entropy(logits.float().flatten(0, 1), windows[:, 1:].flatten())
 
 
 def train_target(
-    model: Qwen3ForCausalLM,
+    model: TargetModel,
     stream: TokenStream,
     schedule: Schedule,
     *,
@@ -138,7 +138,7 @@ def train_target(
 
 
 @torch.no_grad()
-def mean_loss(model: Qwen3ForCausalLM, stream: TokenStream, seq_len: int, batches: int, batch: int) -> float:
+def mean_loss(model: TargetModel, stream: TokenStream, seq_len: int, batches: int, batch: int) -> float:
     """Mean next-token loss (nats per byte) over ``batches`` fixed-seed windows of ``stream``."""
     generator = torch.Generator().manual_seed(1234)
     rope = RopeTable(model.rotary.inv_freq, seq_len + 1, model.device)
@@ -163,7 +163,7 @@ def distill_prompts(stream: TokenStream, count: int, length: int, generator: tor
 
 @torch.no_grad()
 def distill_sequences(
-    target: Qwen3ForCausalLM, stream: TokenStream, settings: DraftSettings, generator: torch.Generator
+    target: TargetModel, stream: TokenStream, settings: DraftSettings, generator: torch.Generator
 ) -> torch.Tensor:
     """Prompts plus the target's own greedy continuations, ``[N, prompt_tokens + new_tokens]`` on its device."""
     device = target.device
@@ -191,11 +191,11 @@ class DraftBatchResult:
 
 def drafter_batch(
     drafter: DFlashDraftModel,
-    target: Qwen3ForCausalLM,
+    target: TargetModel,
     sequences: torch.Tensor,
     settings: DraftSettings,
     *,
-    rope: RopeTable,
+    ropes: PairRopes,
     generator: torch.Generator,
 ) -> DraftBatchResult:
     size = drafter.config.block_size
@@ -204,10 +204,10 @@ def drafter_batch(
     anchors = anchors.to(sequences.device)
     with torch.no_grad():
         _unused, features = target_forward(
-            target, sequences, rope, capture_layers=drafter.config.target_layer_ids, with_logits=False
+            target, sequences, ropes.target, capture_layers=drafter.config.target_layer_ids, with_logits=False
         )
     assert features is not None
-    logits = drafter_block_logits(drafter, target, features, sequences, anchors, rope=rope).float()
+    logits = drafter_block_logits(drafter, target, features, sequences, anchors, rope=ropes.drafter).float()
     offsets = torch.arange(1, size, device=sequences.device)
     labels = sequences.gather(1, (anchors[:, :, None] + offsets).flatten(1)).view(batch, -1, size - 1)
     per_token = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
@@ -220,7 +220,7 @@ def drafter_batch(
 
 def train_drafter(
     drafter: DFlashDraftModel,
-    target: Qwen3ForCausalLM,
+    target: TargetModel,
     sequences: torch.Tensor,
     *,
     schedule: Schedule,
@@ -230,7 +230,7 @@ def train_drafter(
 ) -> int:
     device = target.device
     target.requires_grad_(False)
-    rope = RopeTable(target.rotary.inv_freq, sequences.shape[1] + drafter.config.block_size, device)
+    ropes = PairRopes.of(target, drafter, sequences.shape[1] + drafter.config.block_size, device)
     optimizer = make_optimizer(drafter, schedule)
     drafter.train()
     clock = Clock(schedule.seconds)
@@ -238,7 +238,7 @@ def train_drafter(
     while step < schedule.max_steps and not clock.expired():
         rows = torch.randint(0, sequences.shape[0], (schedule.batch,), generator=generator).to(device)
         with autocast(device):
-            result = drafter_batch(drafter, target, sequences[rows], settings, rope=rope, generator=generator)
+            result = drafter_batch(drafter, target, sequences[rows], settings, ropes=ropes, generator=generator)
         _step(optimizer, drafter, result.loss, schedule.lr_at(step, clock.fraction))
         step += 1
         if step % schedule.log_every == 0 or step == 1:
@@ -259,19 +259,19 @@ def train_drafter(
 @torch.no_grad()
 def drafter_chain_tau(
     drafter: DFlashDraftModel,
-    target: Qwen3ForCausalLM,
+    target: TargetModel,
     sequences: torch.Tensor,
     settings: DraftSettings,
     batch: int,
 ) -> float:
     """Mean teacher-forced DFlash-chain acceptance on ``sequences`` (fixed-seed anchors)."""
     generator = torch.Generator().manual_seed(4321)
-    rope = RopeTable(target.rotary.inv_freq, sequences.shape[1] + drafter.config.block_size, target.device)
+    ropes = PairRopes.of(target, drafter, sequences.shape[1] + drafter.config.block_size, target.device)
     taus = []
     for begin in range(0, sequences.shape[0], batch):
         with autocast(target.device):
             result = drafter_batch(
-                drafter, target, sequences[begin : begin + batch], settings, rope=rope, generator=generator
+                drafter, target, sequences[begin : begin + batch], settings, ropes=ropes, generator=generator
             )
         taus.append(result.chain_tau.item())
     return sum(taus) / len(taus)

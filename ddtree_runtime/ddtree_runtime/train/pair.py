@@ -1,4 +1,5 @@
-"""The shipped pair's architecture (and a smoke-sized one for CPU tests), and writing a trained pair."""
+"""The shipped pairs' architectures (dense Qwen3 and the Qwen3.5/3.6 hybrid, each with a smoke-sized variant for
+CPU tests), and writing a trained pair."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ddtree_runtime.acceptance.hybrid import HYBRID_TEXT_CONFIG, HYBRID_VISION_CONFIG, HYBRID_VISION_TOKENS
 from ddtree_runtime.labserver.models import LAB_VOCAB, SPECIAL_TOKENS, ByteTokenizer
+from ddtree_runtime.model_layout import hybrid_layer_types
 from ddtree_runtime.reference import (
     DFlashConfig,
     DFlashDraftModel,
     Qwen3Config,
-    Qwen3ForCausalLM,
+    Qwen35TextConfig,
+    TargetModel,
     save_dflash,
-    save_qwen3,
+    save_target,
 )
 
 PAIR_NAME = "pivot-coder-tiny"
+HYBRID_PAIR_NAME = "pivot-coder-tiny-hybrid"
 MASK_TOKEN_ID = SPECIAL_TOKENS["<|mask|>"]
 BLOCK_SIZE = 16
 CHECKSUM_FILE = "SHA256SUMS"
@@ -49,18 +56,38 @@ class PairShape:
     kv_heads: int
     head_dim: int
     target_layer_ids: tuple[int, ...]
+    pair_name: str = PAIR_NAME
+
+
+@dataclass(frozen=True)
+class HybridShape(PairShape):
+    """A Qwen3.5/3.6 target: Gated DeltaNet layers with every ``full_attention_interval``-th one full attention."""
+
+    linear_key_heads: int = 2
+    linear_value_heads: int = 4
+    linear_head_dim: int = 32
+    full_attention_interval: int = 4
+    pair_name: str = HYBRID_PAIR_NAME
 
 
 SHAPES = {
-    # The shipped pair. SGLang captures a target layer's output as the input of the next layer, so the drafter may
+    # The shipped pairs. SGLang captures a target layer's output as the input of the next layer, so the drafter may
     # not read the last layer; its bf16 fused QK-norm/RoPE kernel needs a power-of-two head_dim.
     "tiny": PairShape(192, 576, 6, 3, 4, 2, 64, (1, 2, 4)),
+    # One group of Qwen3.6's pattern (three DeltaNet layers, then gated attention) at half the width of the lab's
+    # random hybrid case (acceptance/hybrid.py), small enough to train on a CPU; the drafter reads DeltaNet layers
+    # 1 and 2 (not the last layer, which SGLang cannot capture).
+    "tiny-hybrid": HybridShape(128, 384, 4, 2, 4, 2, 64, (1, 2)),
     # CPU smoke runs and tests.
     "smoke": PairShape(32, 64, 3, 1, 2, 1, 16, (0, 1)),
+    "smoke-hybrid": HybridShape(32, 64, 4, 1, 2, 1, 16, (0, 1), linear_key_heads=1, linear_value_heads=2,
+                                linear_head_dim=8),
 }
 
 
-def target_config(shape: PairShape) -> Qwen3Config:
+def target_config(shape: PairShape) -> Qwen3Config | Qwen35TextConfig:
+    if isinstance(shape, HybridShape):
+        return hybrid_target_config(shape)
     return Qwen3Config(
         vocab_size=LAB_VOCAB,
         hidden_size=shape.hidden_size,
@@ -73,6 +100,49 @@ def target_config(shape: PairShape) -> Qwen3Config:
         max_position_embeddings=4096,
         eos_token_id=sorted(ByteTokenizer.eos_token_ids),
     )
+
+
+def hybrid_target_config(shape: HybridShape) -> Qwen35TextConfig:
+    layers = {"num_hidden_layers": shape.target_layers, "full_attention_interval": shape.full_attention_interval}
+    rope = HYBRID_TEXT_CONFIG["rope_parameters"]
+    return Qwen35TextConfig(
+        vocab_size=LAB_VOCAB,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.target_layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        layer_types=hybrid_layer_types(layers),
+        linear_num_key_heads=shape.linear_key_heads,
+        linear_num_value_heads=shape.linear_value_heads,
+        linear_key_head_dim=shape.linear_head_dim,
+        linear_value_head_dim=shape.linear_head_dim,
+        rope_theta=rope["rope_theta"],
+        partial_rotary_factor=rope["partial_rotary_factor"],
+        max_position_embeddings=4096,
+        eos_token_id=sorted(ByteTokenizer.eos_token_ids),
+    )
+
+
+def multimodal_wrapper(shape: PairShape) -> dict[str, Any] | None:
+    """The hybrid target's settings beside ``text_config``: a tiny vision tower (as the lab's hybrid case has)."""
+    if not isinstance(shape, HybridShape):
+        return None
+    vision = {**HYBRID_VISION_CONFIG, "out_hidden_size": shape.hidden_size}
+    return {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "vision_config": vision,
+            **HYBRID_VISION_TOKENS}
+
+
+def random_vision_tower(vision_config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """transformers' own randomly initialised ``model.visual.*`` tensors for ``vision_config`` (nothing reads them
+    here; they make the checkpoint complete for loaders that build the whole multimodal model)."""
+    from transformers import Qwen3_5VisionConfig  # noqa: PLC0415 - optional dependency, transformers >= 5
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    tower = Qwen3_5VisionModel(Qwen3_5VisionConfig(**vision_config))
+    return {f"model.visual.{name}": tensor for name, tensor in tower.state_dict().items()}
 
 
 def drafter_config(shape: PairShape) -> DFlashConfig:
@@ -89,6 +159,7 @@ def drafter_config(shape: PairShape) -> DFlashConfig:
         mask_token_id=MASK_TOKEN_ID,
         rope_theta=10000.0,
         max_position_embeddings=4096,
+        num_target_layers=shape.target_layers,
     )
 
 
@@ -121,15 +192,19 @@ def _set_stored_dtype(directory: Path, dtype_name: str) -> None:
 
 
 def save_pair(
-    target: Qwen3ForCausalLM,
+    target: TargetModel,
     drafter: DFlashDraftModel,
     output: Path,
     provenance: dict[str, Any],
     name: str = PAIR_NAME,
+    *,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``output/<name>`` and ``output/<name>-dflash`` with bf16 weights, notes and checksums."""
+    """Write ``output/<name>`` and ``output/<name>-dflash`` with bf16 weights, notes and checksums
+    (``extra_tensors``: a hybrid target's vision tower, stored beside its text weights)."""
     target_dir, drafter_dir = output / name, output / f"{name}-dflash"
-    save_qwen3(copy.deepcopy(target).bfloat16(), target_dir)
+    extra = {key: tensor.bfloat16() for key, tensor in (extra_tensors or {}).items()}
+    save_target(copy.deepcopy(target).bfloat16(), target_dir, extra)
     save_dflash(copy.deepcopy(drafter).bfloat16(), drafter_dir)
     for directory, kind in ((target_dir, "target"), (drafter_dir, "dflash_drafter")):
         _set_stored_dtype(directory, "bfloat16")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ddtree_runtime.reference import random_dflash, random_qwen3
+from ddtree_runtime.reference import random_dflash, random_target
 from ddtree_runtime.train.corpus import build_stream, list_sources, split_sources, spread_sample, stdlib_root
 from ddtree_runtime.train.loop import (
     DraftSettings,
@@ -23,7 +23,14 @@ from ddtree_runtime.train.loop import (
     train_drafter,
     train_target,
 )
-from ddtree_runtime.train.pair import PAIR_NAME, SHAPES, drafter_config, save_pair, target_config
+from ddtree_runtime.train.pair import (
+    SHAPES,
+    drafter_config,
+    multimodal_wrapper,
+    random_vision_tower,
+    save_pair,
+    target_config,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,8 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
 
     shape = SHAPES[recipe.shape]
     log: list[dict[str, Any]] = []
-    target = random_qwen3(target_config(shape), recipe.seed, std=0.02).to(device)
+    wrapper = multimodal_wrapper(shape)
+    target = random_target(target_config(shape), recipe.seed, std=0.02, wrapper=wrapper).to(device)
     target_steps = train_target(
         target, train_stream, recipe.target, seq_len=recipe.seq_len, generator=generator, log=log
     )
@@ -90,8 +98,9 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
             "train_tokens": train_stream.size,
             "chat_examples": int(train_stream.chat_starts.numel()),
         },
+        "architecture": "qwen3_5" if wrapper else "qwen3",
         "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu",
+        "device": _device_name(device),
         "target_steps": target_steps,
         "target_held_out_loss_nats_per_byte": held_out_loss,
         "distilled_sequences": int(sequences.shape[0]),
@@ -99,11 +108,30 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
         "drafter_held_out_chain_tau_teacher_forced": held_out_tau,
         "seconds": round(time.monotonic() - begin, 1),
     }
+    vision = _vision_tower(wrapper, recipe.seed)
+    if wrapper:
+        provenance["vision_tower"] = "transformers' random init, untrained" if vision else "absent (no transformers)"
     output.mkdir(parents=True, exist_ok=True)
-    save_pair(target.cpu(), drafter.cpu(), output, provenance, PAIR_NAME)
+    save_pair(target.cpu(), drafter.cpu(), output, provenance, shape.pair_name, extra_tensors=vision)
     (output / "train_log.json").write_text(json.dumps({"provenance": provenance, "log": log}, indent=2) + "\n")
-    _log(f"wrote {output / PAIR_NAME} and {output / (PAIR_NAME + '-dflash')}")
+    _log(f"wrote {output / shape.pair_name} and {output / (shape.pair_name + '-dflash')}")
     return provenance
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
+
+
+def _vision_tower(wrapper: dict[str, Any] | None, seed: int) -> dict[str, torch.Tensor] | None:
+    if not wrapper:
+        return None
+    try:
+        return random_vision_tower(wrapper["vision_config"], seed)
+    except ImportError:
+        _log("transformers is not installed: the hybrid target is written without its (unused) vision tower")
+        return None
 
 
 def replace_batches(settings: DraftSettings, batches: int, batch: int) -> DraftSettings:
