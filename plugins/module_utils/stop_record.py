@@ -143,4 +143,3 @@ def record_path(state_dir: str, started_utc: str, pid: int) -> str:
 def write_record(path: str, record: dict) -> None:
     write_json_atomically(path, record)
     os.chmod(path, 0o600)
-
