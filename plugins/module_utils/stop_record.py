@@ -124,6 +124,21 @@ class HostLock:
                 on_wait(busy.holder, waited)
                 sleep(min(poll_interval, max(0.0, timeout - waited)))
 
+    def held_by(self) -> dict | None:
+        """Who holds the lock now (what it wrote, possibly empty), or None when it is free; takes nothing and writes
+        nothing (for check mode)."""
+        try:
+            handle = open(self.path)  # noqa: SIM115 - closed below, after the probe
+        except OSError:
+            return None
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return read_json(self.path) or {}
+        finally:
+            handle.close()
+        return None
+
     def release(self) -> None:
         if self.handle is not None:
             self.handle.close()

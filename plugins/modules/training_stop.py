@@ -822,17 +822,11 @@ class TrainingStop:
         self.timings["lock"] = round(time.monotonic() - started, 3)
 
     def lock_busy_note(self) -> str | None:
-        """Check mode: who holds the host lock, without taking it (and without creating anything)."""
-        if self.lock is None or not os.path.exists(self.lock.path):
+        """Check mode: who holds the host lock, without taking it (and without writing anything)."""
+        holder = self.lock.held_by() if self.lock is not None else None
+        if holder is None:
             return None
-        try:
-            self.lock.try_acquire({})
-        except HostLockBusy as busy:
-            return "wait for the earlier stop still running on this host (%s)" % describe_holder(busy.holder)
-        except OSError:
-            return None
-        self.lock.release()
-        return None
+        return "wait for the earlier stop still running on this host (%s)" % describe_holder(holder)
 
     # --- planning -----------------------------------------------------------------------------------------------
 
@@ -1010,7 +1004,10 @@ class TrainingStop:
             % ("%s settled, but without a marker a save cut short by a crash looks settled too, so it is not "
                "trusted. " % unverified if unverified else "", resume)
         )
-        self.refuse_or_force(msg)
+        if not self.params["force"]:
+            self.fail(msg + " Nothing was stopped by this module.")
+        self.forced_because.append(msg)
+        self.module.warn(msg + " Continuing because force=true.")
 
     def systemctl_stop(self) -> None:
         systemctl = self.module.get_bin_path("systemctl", required=True)

@@ -63,6 +63,17 @@ def test_one_stop_at_a_time_and_the_waiter_learns_who_holds_the_host(tmp_path):
     second.release()
 
 
+def test_who_holds_the_lock_is_read_without_taking_it(tmp_path):
+    lock = HostLock(str(tmp_path))
+    assert lock.held_by() is None, "no lock file yet"
+    holder = HostLock(str(tmp_path))
+    holder.try_acquire({"pid": 11})
+    assert lock.held_by() == {"pid": 11}
+    holder.release()
+    assert lock.held_by() is None
+    assert json.loads((tmp_path / "lock").read_text()) == {"pid": 11}, "the probe wrote nothing"
+
+
 def test_waiting_for_the_lock_reports_and_gives_up_at_its_limit(tmp_path):
     holder = HostLock(str(tmp_path))
     holder.try_acquire({"pid": 11})

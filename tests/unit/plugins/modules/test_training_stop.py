@@ -583,6 +583,7 @@ def test_check_mode_names_an_earlier_stop_that_holds_the_host(run_module, traine
     assert result["planned"][0] == ("wait for the earlier stop still running on this host "
                                     "(PID 4242, run run-6, started 2026-11-30T15:34:01Z)")
     assert sorted(os.listdir(state)) == ["lock"], "check mode writes no heartbeat, progress or record"
+    assert json.loads((state / "lock").read_text())["run_id"] == "run-6", "nor anything into the lock"
 
 
 def test_progress_lines_tell_the_checkpoint_wait_and_the_sigterm_wait(run_module, trainers, tmp_path, monkeypatch):
@@ -622,6 +623,6 @@ def test_without_a_marker_a_job_that_dies_while_saving_is_not_trusted(run_module
     assert result["msg"].startswith("Every process of the job exited during the checkpoint wait, before this module "
                                     "sent anything that ends it"), result["msg"]
     assert "No checkpoint newer than the request is proven" in result["msg"]
-    assert "The job was left running" in result["msg"]  # refuse_or_force's ending: there was nothing left to stop
+    assert result["msg"].endswith("Nothing was stopped by this module.")
     assert signals_of(result, popen.pid) == ["SIGUSR1"]
     assert result["checkpoint"]["path"] is None
