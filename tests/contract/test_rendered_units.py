@@ -1,9 +1,11 @@
-"""Every ExecStart the sglang_release role renders parses with SGLang 0.5.23's own parser (plugin loaded).
+"""Every ExecStart the sglang_release role renders for SGLang 0.5.23 parses with its own parser (plugin loaded).
 
 The units are rendered for real: ansible-playbook runs the role's own ``render`` tasks on localhost with the
-production group_vars, the role variables of playbooks/vars/roles.yml and those pivot.yml adds in phase 5
-(read from the playbook, not copied), into a temporary root. render.yml itself runs ``systemd-analyze verify`` and
-``ddtree_runtime.argcheck`` with .venv-sglang as the serving venv; the tests then parse each ExecStart again.
+production group_vars, the role variables of playbooks/vars/roles.yml and those pivot.yml adds (read from the playbook,
+not copied), into a temporary root. render.yml itself runs ``systemd-analyze verify`` and the role's
+``check_server_args.py`` with the release venv's python (here .venv-sglang, real SGLang 0.5.23); the tests then parse
+each ExecStart again. The production NEXTN baseline keeps the user's SGLang 0.5.11 flag names, which 0.5.23 rejects:
+rendering it for a 0.5.23 venv must fail before anything would stop.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from contract_support import REPO, SGLANG_VENV, ProbeRunner
+from contract_support import REPO, SGLANG_VENV, ProbeRunner, probe_env
 
 RELEASE_ROLE = "pivot.ops.sglang_release"
 
@@ -31,53 +33,64 @@ def phase5_release_vars() -> dict[str, Any]:
     raise AssertionError(f"playbooks/pivot.yml no longer runs {RELEASE_ROLE}")
 
 
-def render_playbook(root: Path) -> list[dict[str, Any]]:
-    release_vars = phase5_release_vars() | {
-        "sglang_release_root": str(root),
-        "sglang_release_venv": str(SGLANG_VENV),
-        "sglang_release_api_key": "",
+def render_task(name: str, algorithm: str, common: str, flags: str) -> dict[str, Any]:
+    """One include of the role's render tasks for a release run from .venv-sglang (real SGLang 0.5.23)."""
+    release_vars = phase5_release_vars() | {"sglang_release_api_key": ""}
+    return {
+        "name": f"Render {name}",
+        "ansible.builtin.include_role": {"name": RELEASE_ROLE, "tasks_from": "render"},
+        "vars": release_vars | {
+            "__sglang_release_render_name": name,
+            "__sglang_release_render_description": f"contract test: {name}",
+            "__sglang_release_render_algorithm": algorithm,
+            "__sglang_release_render_common": common,
+            "__sglang_release_render_flags": flags,
+            "__sglang_release_render_environment": "{{ sglang_release_environment }}",
+            "__sglang_release_render_venv": str(SGLANG_VENV),
+        },
     }
+
+
+def run_render(work: Path, tasks: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
     group_vars = REPO / "inventory" / "production" / "group_vars"
-
-    def render(name: str, algorithm: str, flags: str) -> dict[str, Any]:
-        return {
-            "name": f"Render {name}",
-            "ansible.builtin.include_role": {"name": RELEASE_ROLE, "tasks_from": "render"},
-            "vars": release_vars | {
-                "__sglang_release_render_name": name,
-                "__sglang_release_render_description": f"contract test: {name}",
-                "__sglang_release_render_algorithm": algorithm,
-                "__sglang_release_render_flags": flags,
-                "__sglang_release_render_environment": "{{ sglang_release_environment }}",
-            },
-        }
-
-    return [{
+    playbook = work / "render.yml"
+    playbook.write_text(yaml.safe_dump([{
         "name": "Render the releases the roles deploy",
         "hosts": "localhost",
         "connection": "local",
         "gather_facts": False,
         "vars_files": [str(group_vars / "all.yml"), str(group_vars / "serving.yml"),
                        str(REPO / "playbooks" / "vars" / "roles.yml")],
-        "tasks": [
-            render("ddtree", "DDTREE", "{{ sglang_release_speculative_args }}"),
-            render("nextn-baseline", "NEXTN", "{{ sglang_release_baseline_args }}"),
-        ],
-    }]
+        "vars": {"sglang_release_root": str(work / "etc-sglang")},
+        "tasks": tasks,
+    }], sort_keys=False))
+    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(playbook)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600, check=False)
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory, sglang_python: Path) -> Path:
     work = tmp_path_factory.mktemp("render")
-    root = work / "etc-sglang"
-    playbook = work / "render.yml"
-    playbook.write_text(yaml.safe_dump(render_playbook(root), sort_keys=False))
-    completed = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(playbook)],
-        capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
-    )
+    completed = run_render(work, [
+        render_task("ddtree", "DDTREE", "{{ sglang_release_common_args }}", "{{ sglang_release_speculative_args }}"),
+        # NEXTN for a user whose own venv already has 0.5.23 (shared flags under 0.5.23's names).
+        render_task("nextn-baseline", "NEXTN", "{{ sglang_release_common_args }}",
+                    "{{ sglang_release_baseline_args }}"),
+    ])
     assert completed.returncode == 0, f"rendering failed:\n{completed.stdout[-6000:]}\n{completed.stderr[-3000:]}"
-    return root
+    return work / "etc-sglang"
+
+
+def test_the_users_0_5_11_baseline_flags_are_refused_by_0_5_23_before_anything_stops(
+    tmp_path: Path, sglang_python: Path
+) -> None:
+    """Why the baseline keeps its own venv: upgrading it to 0.5.23 would make every rollback crash-loop."""
+    completed = run_render(tmp_path, [render_task(
+        "nextn-baseline", "NEXTN", "{{ sglang_release_baseline_common_args }}", "{{ sglang_release_baseline_args }}")])
+    assert completed.returncode != 0
+    assert "release nextn-baseline would not start" in completed.stdout
+    assert "unrecognized arguments: --mamba-scheduler-strategy extra_buffer" in completed.stdout
+    assert "Nothing was stopped" in completed.stdout
 
 
 def exec_start_argv(unit: Path) -> list[str]:
@@ -124,3 +137,32 @@ def test_a_misspelt_flag_is_caught_by_the_same_parser(run_probe: ProbeRunner) ->
     failed = run_probe("parse", ["--model-path", "/m", "--speculative-algorithm", "DDTREE",
                                  "--mamba-scheduler-strategy", "extra_buffer"], expect_rc=2)
     assert "unrecognized arguments" in failed["stderr"]
+
+
+CHECK_ARGS = REPO / "roles" / "sglang_release" / "files" / "check_server_args.py"
+
+
+def check_args(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SGLANG_VENV / "bin" / "python3"), str(CHECK_ARGS), "sglang.launch_server", *args],
+                          capture_output=True, text=True, env=probe_env(env), timeout=300, check=False)
+
+
+def test_the_api_key_reaches_sglang_0_5_23_through_the_config_file_not_argv(tmp_path: Path, sglang_python: Path) -> None:
+    """The role writes ``api-key: KEY`` to a root-only YAML file and passes ``--config FILE``: SGLang merges it."""
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text(yaml.safe_dump({"api-key": "s3cret-key"}))
+    probe = ("import sys; from sglang.srt.server_args import prepare_server_args; "
+             "print(prepare_server_args(sys.argv[1:]).api_key)")
+    completed = subprocess.run([str(SGLANG_VENV / "bin" / "python3"), "-c", probe, "--model-path", "/m",
+                                "--config", str(secrets)], capture_output=True, text=True, env=probe_env(),
+                               timeout=300, check=False)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip().splitlines()[-1] == "s3cret-key"
+
+
+def test_check_server_args_reports_the_plugins_refusal_from_real_sglang(sglang_python: Path) -> None:
+    args = ["--model-path", "/m", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/d",
+            "--speculative-num-draft-tokens", "1"]
+    completed = check_args(args)
+    assert completed.returncode == 2
+    assert "must be in 2..16 for DDTREE, got 1" in completed.stderr

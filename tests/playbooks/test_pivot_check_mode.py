@@ -14,6 +14,7 @@ WOULD_SWITCH_TASK = "pivot.ops.sglang_release : Report the switch check mode wou
 WOULD_STOP_TASK = "pivot.ops.stop_training : Checkpoint and stop the training job"
 # Announced only on a host whose running unit has not been recorded as the baseline yet.
 WOULD_RECORD_TASK = "pivot.ops.sglang_release : Report the baseline check mode would record"
+WOULD_BUILD_TASK = "pivot.ops.release_venv : Report the venv check mode would build"
 
 
 def test_check_mode_previews_the_pivot_and_changes_nothing(
@@ -26,8 +27,8 @@ def test_check_mode_previews_the_pivot_and_changes_nothing(
     assert run.rc == 0, run.summary()
     report = run.report
     assert report is not None and report["check_mode"] is True and report["status"] == "ok"
-    assert run.phase_names() == ["preflight", "preflight", "stop_training", "training_gpu_release",
-                                 "install_ddtree_runtime", "switch_service"]
+    assert run.phase_names() == ["preflight", "preflight", "release_venv", "release_prepare", "stop_training",
+                                 "training_gpu_release", "switch_service"]
     assert {p["status"] for p in report["phases"]} == {"checked"}
     switch = run.phase("switch_service")["findings"]
     assert switch["switched"] is True and switch["release"] == "ddtree-d16-b64-k8" and switch["check_mode"] is True
@@ -38,7 +39,7 @@ def test_check_mode_previews_the_pivot_and_changes_nothing(
     assert run.changed("pro6000") > 0, run.summary()
     for host in ("ct200", "pro6000"):
         for task, result in run.changed_results(host):
-            announced = task in (WOULD_SWITCH_TASK, WOULD_RECORD_TASK)
+            announced = task in (WOULD_SWITCH_TASK, WOULD_RECORD_TASK, WOULD_BUILD_TASK)
             assert announced or result.get("diff"), f"{host}: {task} changed without a diff"
     assert [t for t, _unused in run.changed_results("pro6000") if t == WOULD_SWITCH_TASK], "the switch is not announced"
     assert [t for t, _unused in run.changed_results("ct200")] == [WOULD_STOP_TASK]

@@ -59,5 +59,6 @@ def test_release_that_never_becomes_healthy_is_rolled_back(
     assert f"sglang.service did not become healthy within {HEALTH_TIMEOUT_S} s" in failure, failure
     assert "Its log ends:" in failure and "SafetensorError" in failure, failure  # the cause, from its log
     # The earlier phases ran (the preflight does not read weights), and nothing on the training side changed.
-    assert run.phase_names()[-3:] == ["training_gpu_release", "install_ddtree_runtime", "switch_service"]
+    assert run.phase_names()[-5:] == ["release_venv", "release_prepare", "stop_training", "training_gpu_release",
+                                      "switch_service"]
     pivotlab.assert_training_untouched(no_training, pivotlab.training_state())

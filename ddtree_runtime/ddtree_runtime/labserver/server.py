@@ -33,7 +33,7 @@ import torch
 from ddtree_runtime import __version__
 from ddtree_runtime.labserver.cli import parse_args, tree_knobs_from_env
 from ddtree_runtime.labserver.engine import LabEngine
-from ddtree_runtime.labserver.models import chat_prompt
+from ddtree_runtime.labserver.models import chat_prompt, thinking_suffix
 from ddtree_runtime.reference import GenerationResult
 from ddtree_runtime.sampling import SamplingParams
 
@@ -112,9 +112,13 @@ def _stop_strings(raw: Any) -> list[str]:
     raise RequestError(400, "stop must be a string or a list of strings")
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """Qwen3 reasoning parser: text up to ``</think>`` is reasoning (an opening ``<think>`` is optional)."""
+def split_reasoning(text: str, think_open: bool = False) -> tuple[str | None, str]:
+    """Qwen3 reasoning parser: text up to ``</think>`` is reasoning (an opening ``<think>`` is optional). When the
+    template opened the think block in the prompt, an unfinished one is all reasoning and the content is empty, as
+    SGLang's parser returns it for a thinking model cut off by ``max_tokens``."""
     if "</think>" not in text:
+        if think_open:
+            return text.replace("<think>", "").strip(), ""
         return None, text.replace("<think>", "")
     reasoning, content = text.split("</think>", 1)
     return reasoning.replace("<think>", "").strip(), content.strip()
@@ -354,12 +358,14 @@ class LabServer:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise RequestError(400, "messages must be a non-empty list of objects")
-        prompt_ids = self.engine.tokenizer.encode(chat_prompt(messages))
+        thinking = self._thinking(body)
+        prompt = chat_prompt(messages) + (thinking_suffix(thinking) if self.args.reasoning_parser else "")
+        prompt_ids = self.engine.tokenizer.encode(prompt)
         result = self.run_generation(prompt_ids, self._openai_sampling(body))
         text, finish = self.finish_text(result, _stop_strings(body.get("stop")))
         reasoning = None
         if self.args.reasoning_parser:
-            reasoning, text = split_reasoning(text)
+            reasoning, text = split_reasoning(text, think_open=thinking)
         response = self._openai_common(result, len(prompt_ids), "chatcmpl")
         response["object"] = "chat.completion"
         message = {"role": "assistant", "content": text, "reasoning_content": reasoning, "tool_calls": None}
@@ -375,6 +381,12 @@ class LabServer:
         if body.get("return_spec_tokens_details"):
             response["sglext"] = {"spec_tokens_details": self.spec_meta(result)}
         return response
+
+    @staticmethod
+    def _thinking(body: dict[str, Any]) -> bool:
+        """Served with a reasoning parser, the lab model's template thinks unless the request turns it off."""
+        kwargs = body.get("chat_template_kwargs")
+        return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = body.get("prompt")

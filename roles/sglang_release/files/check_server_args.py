@@ -3,8 +3,10 @@
     python check_server_args.py MODULE [ARGS...]
 
 Does what ``python -m MODULE ARGS`` does before it loads a model: load SGLang's plugins (releases that have a plugin
-system; ``SGLANG_PLUGINS`` from the environment selects them), parse and check the arguments with
-``sglang.srt.server_args.prepare_server_args`` and resolve the speculative algorithm. Prints one JSON line
+system; ``SGLANG_PLUGINS`` from the environment selects them), parse the arguments with
+``sglang.srt.server_args.prepare_server_args``, resolve the speculative algorithm and, for an algorithm a plugin
+registered, run that plugin's server-args check the way SGLang's resolution does (``record_foreign_defaults``). The
+rest of SGLang's resolution needs the GPU the server will use and is left to the start. Prints one JSON line
 (``sglang_version``, ``speculative_algorithm``, ``plugins``) and exits 0 when the server would accept the command line;
 exits 2 with SGLang's own message otherwise, 3 when MODULE is not SGLang's launcher. Standard library only besides
 SGLang, so it runs in any SGLang venv without installing anything there.
@@ -28,6 +30,18 @@ def load_plugins() -> Any:
     return load()
 
 
+def run_plugin_validation(algorithm: Any, parsed: Any) -> None:
+    validate = getattr(algorithm, "validate_server_args", None)
+    if not callable(validate):
+        return
+    try:
+        from sglang.srt.arg_groups.overrides import record_foreign_defaults  # noqa: PLC0415 - SGLang 0.5.2x
+    except ImportError:
+        validate(parsed)
+    else:
+        record_foreign_defaults(parsed, "pivot.check_server_args", validate)
+
+
 def check(module: str, args: list[str]) -> dict[str, Any]:
     if module not in LAUNCHERS:
         print(f"cannot check a command line for {module!r}: only {', '.join(LAUNCHERS)} is known", file=sys.stderr)
@@ -40,7 +54,7 @@ def check(module: str, args: list[str]) -> dict[str, Any]:
     if algorithm:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: PLC0415
 
-        SpeculativeAlgorithm.from_string(algorithm)
+        run_plugin_validation(SpeculativeAlgorithm.from_string(algorithm), parsed)
     return {"ok": True, "sglang_version": importlib.metadata.version("sglang"),
             "speculative_algorithm": algorithm, "plugins": plugins if isinstance(plugins, list) else None}
 
