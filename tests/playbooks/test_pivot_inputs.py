@@ -12,12 +12,13 @@ pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
 PHASE0_CASES = {
     # -e values arrive as strings, as a user types them.
-    "draft-length-0": (["pivot_ddtree_draft_tokens=0"],
-                       ["pivot_ddtree_draft_tokens must be an integer from 1 to 16", "got 0"]),
+    # The plugin's own rule decides, in its own words (draft length 1 used to pass phase 0 and fail at start).
+    "draft-length-1": (["pivot_ddtree_draft_tokens=1"],
+                       ["The DDTree plugin would refuse pivot_ddtree_draft_tokens=1", "must be in 2..16 for DDTREE, got 1"]),
     "draft-length-17": (["pivot_ddtree_draft_tokens=17"],
-                        ["pivot_ddtree_draft_tokens must be an integer from 1 to 16", "got 17"]),
-    "budget-0": (["pivot_ddtree_budget=0"], ["pivot_ddtree_budget (tree nodes per round) must be an integer >= 1",
-                                             "got 0"]),
+                        ["The DDTree plugin would refuse pivot_ddtree_draft_tokens=17", "got 17"]),
+    "budget-0": (["pivot_ddtree_budget=0"], ["The DDTree plugin would refuse", "pivot_ddtree_budget=0",
+                                             "DDTREE_BUDGET must be a positive integer, got 0"]),
     "unknown-host": (["pivot_serving_hosts=nohost"],
                      ["'nohost' matches []", "exactly one training host and one serving host"]),
 }
