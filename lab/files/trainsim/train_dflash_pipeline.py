@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-file", default="/var/log/trainsim/train.log", help="'' for stdout only")
     parser.add_argument("--step-seconds", type=float, default=2.08, help="wall time of one step")
     parser.add_argument("--start-step", type=int, help="default: newest complete checkpoint, else 0")
+    parser.add_argument("--resume-from", help="checkpoint directory to resume from; it must be complete "
+                        "(default: the newest complete one in --checkpoint-dir)")
     parser.add_argument("--total-steps", type=int, default=300000)
     parser.add_argument("--report-every", type=int, default=50, help="steps between loss/acc reports")
     parser.add_argument("--save-every", type=int, default=1000, help="periodic checkpoints; 0 = never")
@@ -101,6 +103,8 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
     options = parser.parse_args(argv)
     if options.trigger_file is None:
         options.trigger_file = str(Path(options.checkpoint_dir) / "SAVE_NOW")
+    if options.resume_from is not None and options.start_step is not None:
+        parser.error("--resume-from and --start-step exclude each other")
     return options
 
 
@@ -219,6 +223,10 @@ def start_orphan_worker(gpus: list[int], mib: int) -> int:
         os._exit(0)
 
 
+class ResumeError(Exception):
+    """--resume-from names something that is not a complete checkpoint."""
+
+
 class Trainer:
     def __init__(self, options: argparse.Namespace, rank: Rank) -> None:
         self.options = options
@@ -237,11 +245,24 @@ class Trainer:
     def initial_step(self) -> tuple[int, Path | None, float]:
         if self.options.start_step is not None:
             return self.options.start_step, None, 0.0
+        if self.options.resume_from is not None:
+            return self.resume_point(Path(self.options.resume_from))
         newest = checkpoints.newest_complete(self.root, marker=not self.options.no_marker)
         if newest is None:
             return 0, None, 0.0
         step, path = newest
         return step, path, float(checkpoints.read_trainer_state(path).get("train_minutes", 0.0))
+
+    def resume_point(self, path: Path) -> tuple[int, Path, float]:
+        """The step and minutes of the checkpoint named by --resume-from, which must be complete."""
+        marker = not self.options.no_marker
+        if not checkpoints.is_complete(path, marker=marker):
+            what = f"no {checkpoints.MARKER} marker" if marker else "no trainer_state.json with its global_step"
+            raise ResumeError(f"cannot resume from {path}: it is not a complete checkpoint ({what})")
+        state = checkpoints.read_trainer_state(path)
+        if not isinstance(state.get("global_step"), int):
+            raise ResumeError(f"cannot resume from {path}: its trainer_state.json names no global_step")
+        return state["global_step"], path, float(state.get("train_minutes", 0.0))
 
     def gpus(self) -> list[int]:
         if self.rank.local_rank is not None:
@@ -346,7 +367,11 @@ class Trainer:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_options(sys.argv[1:] if argv is None else argv)
-    trainer = Trainer(options, Rank.from_environment())
+    try:
+        trainer = Trainer(options, Rank.from_environment())
+    except ResumeError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         return trainer.run()
     except fake_gpu.GpuOutOfMemoryError as exc:
