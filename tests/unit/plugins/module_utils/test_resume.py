@@ -1,0 +1,244 @@
+# Copyright (c) 2026, Pivot developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""module_utils.resume: the resume command, the checkpoint checks, the log since the start, the verdict on whether the
+restarted job trains, and which running processes are the job Pivot started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcessInfo
+from ansible_collections.pivot.ops.plugins.module_utils.resume import (
+    DIED,
+    NOT_RESUMED,
+    STARTING,
+    TRAINING,
+    Launch,
+    LogSteps,
+    Observation,
+    ResumeError,
+    checkpoint_problem,
+    judge,
+    names_checkpoint,
+    newer_checkpoints,
+    owned_pids,
+    render_command,
+    steps_since,
+)
+
+STEP = r"\bstep=(\d+)"
+
+
+def checkpoint(root, step: int, marker: bool = True, files: int = 3):
+    path = root / f"step_{step:09d}"
+    path.mkdir(parents=True)
+    for index in range(files - 1):
+        (path / f"part{index}.bin").write_bytes(b"x" * 100)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if marker:
+        (path / "COMPLETE").write_text("{}")
+    return path
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+def test_placeholders_are_replaced_inside_elements_and_other_braces_stay():
+    argv = render_command(["/root/run.sh", "--resume={checkpoint}", "--step", "{step}", "{checkpoint_name}", "{x}"],
+                          "/c/step_000005400/", 5400)
+    assert argv == ["/root/run.sh", "--resume=/c/step_000005400/", "--step", "5400", "step_000005400", "{x}"]
+
+
+def test_an_unknown_step_cannot_be_passed():
+    with pytest.raises(ResumeError, match=r"uses \{step\}, but the step of checkpoint /c/latest is unknown"):
+        render_command(["run.sh", "{step}"], "/c/latest", None)
+    assert render_command(["run.sh", "{checkpoint}"], "/c/latest", None) == ["run.sh", "/c/latest"]
+
+
+def test_a_template_without_placeholders_does_not_name_the_checkpoint():
+    assert not names_checkpoint(["/root/run.sh", "--resume", "<CONFIRM>"])
+    assert names_checkpoint(["/root/run.sh", "--resume-step={step}"])
+
+
+# --- the checkpoint ---------------------------------------------------------------------------------------------
+
+
+def test_a_complete_checkpoint_has_no_problem(tmp_path):
+    path = checkpoint(tmp_path, 400)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    assert checkpoint_problem(str(path), "COMPLETE", size, writers=lambda _p: []) is None
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ("remove", "is gone: nothing is at that path any more"),
+    ("unmark", "is incomplete: its completion marker COMPLETE is missing"),
+    ("grow", "changed since the stop confirmed it"),
+    ("empty", "is empty"),
+])
+def test_checkpoint_problems_are_named(tmp_path, change, problem):
+    path = checkpoint(tmp_path, 400)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    if change == "remove":
+        for item in path.iterdir():
+            item.unlink()
+        path.rmdir()
+    elif change == "unmark":
+        (path / "COMPLETE").unlink()
+    elif change == "grow":
+        (path / "part0.bin").write_bytes(b"y" * 101)
+    else:
+        for item in path.iterdir():
+            item.write_bytes(b"")
+    found = checkpoint_problem(str(path), "COMPLETE" if change != "empty" else None, size if change == "grow" else None,
+                               writers=lambda _p: [])
+    assert found is not None and found.startswith(problem)
+
+
+def test_a_checkpoint_someone_writes_into_is_not_used(tmp_path):
+    path = checkpoint(tmp_path, 400, marker=False)
+    assert checkpoint_problem(str(path), None, None, writers=lambda _p: [4242]) == "is being written by PID 4242"
+
+
+def test_newer_complete_checkpoints_are_found_highest_first(tmp_path):
+    own = checkpoint(tmp_path, 400)
+    checkpoint(tmp_path, 800)
+    checkpoint(tmp_path, 1200)
+    checkpoint(tmp_path, 1600, marker=False)  # a save cut short: no marker
+    checkpoint(tmp_path, 200)
+    found = newer_checkpoints(str(own), "step_*", "COMPLETE", r"(\d+)(?!.*\d)", 400)
+    assert found == [(str(tmp_path / "step_000001200"), 1200), (str(tmp_path / "step_000000800"), 800)]
+
+
+def test_without_a_marker_a_newer_entry_with_fewer_files_is_a_torn_save(tmp_path):
+    own = checkpoint(tmp_path, 400, marker=False, files=3)
+    checkpoint(tmp_path, 800, marker=False, files=1)
+    checkpoint(tmp_path, 1200, marker=False, files=3)
+    assert newer_checkpoints(str(own), "step_*", None, r"(\d+)(?!.*\d)", 400) == [
+        (str(tmp_path / "step_000001200"), 1200)]
+    assert newer_checkpoints(str(own), "step_*", None, r"(\d+)(?!.*\d)", None) == []
+
+
+# --- the log ----------------------------------------------------------------------------------------------------
+
+
+def test_only_steps_logged_after_the_offset_count(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("[1m] step=5381 loss=---\nSIGTERM received\n")
+    offset = log.stat().st_size
+    with log.open("a") as handle:
+        handle.write("Resuming from checkpoint step_4000\n[1m] step=4001 x\n[1m] step=4002 x\n[1m] step=40")
+    found = steps_since(str(log), offset, STEP)
+    assert (found.first, found.last, found.last_line) == (4001, 4002, "[1m] step=4002 x")
+
+
+def test_a_log_shorter_than_the_offset_was_replaced_and_counts_whole(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step=11\nstep=12\n")
+    found = steps_since(str(log), 10_000, STEP)
+    assert (found.first, found.last) == (11, 12)
+
+
+def test_a_missing_log_has_no_steps(tmp_path):
+    assert steps_since(str(tmp_path / "none.log"), 0, STEP) == LogSteps(None, None, None, 0)
+
+
+def test_a_long_log_is_read_at_both_ends_without_cut_lines(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"[1m] step={step} loss=--- padding padding\n" for step in range(401, 5000)))
+    found = steps_since(str(log), 0, STEP, window=1000)
+    assert (found.first, found.last) == (401, 4999)
+    carriage = tmp_path / "bar.log"
+    carriage.write_text("step=7 |###   \rstep=8 |####  \r")
+    assert steps_since(str(carriage), 0, STEP).last == 8
+
+
+# --- the verdict ------------------------------------------------------------------------------------------------
+
+GPU_BUSY = {"index": 0, "memory_used_mib": 61449}
+GPU_IDLE = {"index": 1, "memory_used_mib": 0}
+
+
+def observe(processes: int = 9, alive: bool = True, first: int | None = 401, last: int | None = 403,
+            gpus: tuple = (GPU_BUSY,)) -> Observation:
+    return Observation(processes, alive, LogSteps(first, last, None, 100), list(gpus))
+
+
+def test_training_needs_processes_a_later_step_and_busy_gpus():
+    verdict = judge(observe(), 400, 9, 2048)
+    assert verdict.state == TRAINING
+    assert verdict.detail == "9 processes, step 403 logged, GPUs in use 1 of 1"
+
+
+@pytest.mark.parametrize(("observation", "detail"), [
+    (observe(processes=1), "1 of 9 processes"),
+    (observe(first=None, last=None), "no step logged since the start"),
+    (observe(gpus=(GPU_BUSY, GPU_IDLE)), "GPU 1 below 2048 MiB in use"),
+    (observe(processes=0, first=None, last=None), "0 of 9 processes; no step logged since the start"),
+])
+def test_what_is_missing_is_said(observation, detail):
+    verdict = judge(observation, 400, 9, 2048)
+    assert (verdict.state, verdict.detail) == (STARTING, detail)
+
+
+def test_a_first_step_at_or_below_the_checkpoint_is_not_a_resume():
+    verdict = judge(observe(first=1, last=3), 400, 9, 2048)
+    assert verdict.state == NOT_RESUMED
+    assert "first logged step is 1, not after the checkpoint's step 400" in verdict.detail
+    assert judge(observe(first=400, last=401), 400, 9, 2048).state == NOT_RESUMED
+
+
+def test_nothing_left_is_dead_and_an_unknown_step_accepts_any_step():
+    assert judge(observe(processes=0, alive=False), 400, 9, 2048).state == DIED
+    assert judge(observe(first=1, last=2), None, 9, 2048).state == TRAINING
+
+
+def test_a_gpu_whose_memory_is_not_reported_does_not_hold_it_up():
+    assert judge(observe(gpus=({"index": 0, "memory_used_mib": None},)), 400, 9, 2048).state == TRAINING
+
+
+# --- the job Pivot started ----------------------------------------------------------------------------------------
+
+
+def info(pid: int, sid: int, start: int = 100, ppid: int = 1) -> ProcessInfo:
+    return ProcessInfo(pid=pid, ppid=ppid, pgid=sid, sid=sid, state="S", start_time=start, comm="python3",
+                       argv=("python3", "train.py"))
+
+
+def no_cgroup(_pid: int) -> str:
+    return ""
+
+
+def test_the_launched_process_and_its_session_are_pivots():
+    launch = Launch(10, 100, 10)
+    members = {10: info(10, 10), 11: info(11, 10, ppid=10), 20: info(20, 20, ppid=11)}
+    assert owned_pids(launch, members, members[10], no_cgroup) == [10, 11]
+
+
+def test_the_session_still_counts_after_its_leader_exited_but_not_once_its_pid_is_reused():
+    launch = Launch(10, 100, 10)
+    members = {11: info(11, 10)}
+    assert owned_pids(launch, members, None, no_cgroup) == [11]
+    assert owned_pids(launch, members, info(10, 10, start=999), no_cgroup) == []
+
+
+def test_a_job_pivot_did_not_start_is_not_pivots():
+    members = {50: info(50, 50)}
+    assert owned_pids(Launch(10, 100, 10), members, None, no_cgroup) == []
+    assert owned_pids(None, members, None, no_cgroup) == []
+    assert owned_pids(Launch(50, 7, 50), members, members[50], no_cgroup) == []  # same PID, another process
+
+
+def test_processes_in_the_started_unit_are_pivots():
+    launch = Launch(10, 100, 10, "pivot-training")
+    members = {70: info(70, 70)}
+    cgroups = {70: "0::/system.slice/pivot-training.service\n"}
+    assert owned_pids(launch, members, None, lambda pid: cgroups.get(pid, "")) == [70]
+
+
+def test_a_record_without_the_launch_fields_is_no_launch():
+    assert Launch.from_record({"pid": 1}) is None
+    assert Launch.from_record(None) is None
+    assert Launch.from_record({"pid": "10", "start_time": 5, "sid": 10, "unit": None}) == Launch(10, 5, 10, "")
