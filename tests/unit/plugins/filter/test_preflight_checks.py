@@ -199,3 +199,10 @@ def test_a_missing_checkpoint_directory_is_refused() -> None:
 def test_the_filter_refuses_an_unknown_side() -> None:
     with pytest.raises(AnsibleFilterError, match="side must be"):
         preflight_checks({}, "gateway")
+
+
+def test_a_failed_gpu_query_fails_gpu_count_once() -> None:
+    failed = {"failed": True, "msg": "Expected 4 GPU(s) but nvidia-smi lists 2"}
+    checks = by_name(preflight_checks(serving_facts(gpus=failed), "serving"))
+    assert not checks["gpu_count"]["ok"] and "Expected 4 GPU(s)" in checks["gpu_count"]["detail"]
+    assert checks["gpu_holders"]["ok"] and "not checked" in checks["gpu_holders"]["detail"]
