@@ -264,8 +264,10 @@ msg:
   type: str
   sample: "Started the training job from checkpoint /root/train/checkpoints/step_000005400 (step 5400): PID 4242;
     9 processes, step 5403 logged, GPUs in use 8 of 8."
-started:
-  description: Whether the job was started by this run (in check mode, whether it would be).
+launched:
+  description:
+    - Whether the job was started by this run (in check mode, whether it would be). Not named C(started), which
+      Ansible's async job status uses for itself.
   returned: always
   type: bool
   sample: true
@@ -471,7 +473,7 @@ class TrainingResume:
         self.progress = ProgressFile(None if module.check_mode else self.params["progress_file"])
         self.result = {
             "changed": False,
-            "started": False,
+            "launched": False,
             "already_running": False,
             "checkpoint": {"path": self.checkpoint, "step": self.step},
             "command": [],
@@ -563,7 +565,7 @@ class TrainingResume:
             tracker = JobTracker(spec, self.proc, protected_pids(self.proc))
             return tracker.scan(first=True)
         except JobError as exc:
-            if self.result["started"]:
+            if self.result["launched"]:
                 self.fail("Looking for the started training job (PID %s, left running): %s"
                           % (self.result["pid"], exc), processes=exc.candidates)
             self.fail(
@@ -571,6 +573,16 @@ class TrainingResume:
                 processes=exc.candidates,
             )
         return {}  # unreachable, fail_json exits
+
+    def prepare_state_dir(self) -> None:
+        """Root-only (the record names the job's command line); made first, so the progress file can be written."""
+        if self.module.check_mode:
+            return
+        try:
+            os.makedirs(self.params["state_dir"], mode=0o700, exist_ok=True)
+        except OSError as exc:
+            self.fail("Cannot create state_dir %s: %s. Choose a writable local directory. Nothing was started."
+                      % (self.params["state_dir"], exc))
 
     def host_record(self) -> dict | None:
         return read_json(record_path(self.params["state_dir"]))
@@ -740,7 +752,7 @@ class TrainingResume:
         started = time.monotonic()
         self.progress.update("start", "starting the training job: %s" % quoted(argv))
         pid = self.start_setsid(argv) if self.params["launcher"] == "setsid" else self.start_systemd_run(command)
-        self.result.update(changed=True, started=True, pid=pid or None, started_at=utc_now())
+        self.result.update(changed=True, launched=True, pid=pid or None, started_at=utc_now())
         self.lap("start", started)
         info = self.proc.read(pid) if pid else None
         unit = unit_service(self.params["unit"]) if self.params["launcher"] == "systemd-run" else ""
@@ -754,7 +766,6 @@ class TrainingResume:
                   "step": self.step, "log_file": self.params["log_file"], "log_offset": log_offset,
                   "output_file": self.params["output_file"] or "", "output_offset": output_offset}
         try:
-            os.makedirs(self.params["state_dir"], mode=0o700, exist_ok=True)
             write_json_atomically(path, record)
             os.chmod(path, 0o600)
         except OSError as exc:
@@ -873,6 +884,7 @@ class TrainingResume:
             except re.error as exc:
                 self.fail("%r is not a valid regular expression: %s" % (regex, exc))
         argv = self.rendered_command()
+        self.prepare_state_dir()
         members = self.scan_job()
         if members:
             self.running(members)  # ends the module: confirms the job Pivot started, or refuses another
@@ -885,7 +897,7 @@ class TrainingResume:
         if self.module._diff:
             self.result["diff"] = {"before": "no training job is running\n", "after": quoted(command) + "\n"}
         if self.module.check_mode:
-            self.result.update(changed=True, started=True)
+            self.result.update(changed=True, launched=True)
             self.finish("Would start the training job from checkpoint %s (step %s): %s."
                         % (self.checkpoint, "-" if self.step is None else self.step, quoted(command)))
         log_offset = file_size(self.params["log_file"])

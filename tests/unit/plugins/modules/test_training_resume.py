@@ -147,7 +147,7 @@ def read_record(world) -> dict:
 def test_resumes_from_the_checkpoint_and_waits_until_it_trains(run_module, world):
     result = run_module(training_resume.main, world.args("--workers", "2"), diff=True)
     assert result["failed"] is False, result["msg"]
-    assert result["changed"] is True and result["started"] is True and result["already_running"] is False
+    assert result["changed"] is True and result["launched"] is True and result["already_running"] is False
     assert result["first_step"] == STEP + 1 and result["last_step"] > STEP
     assert result["msg"].startswith(f"Started the training job from checkpoint {world.checkpoint} (step 400): PID ")
     assert "GPUs in use 2 of 2" in result["msg"]
@@ -184,7 +184,7 @@ def test_a_second_run_finds_the_job_it_started_and_changes_nothing(run_module, w
     pids = world.job_pids()
     second = run_module(training_resume.main, world.args("--workers", "1"), diff=True)
     assert second["failed"] is False, second["msg"]
-    assert second["changed"] is False and second["already_running"] is True and second["started"] is False
+    assert second["changed"] is False and second["already_running"] is True and second["launched"] is False
     assert second["pid"] == first["pid"]
     assert second["msg"].startswith(f"The training job Pivot started from {world.checkpoint} (run run-1 at ")
     assert second["diff"]["before"] == second["diff"]["after"]
@@ -302,7 +302,7 @@ def test_a_step_the_checkpoint_does_not_know_cannot_be_passed(run_module, world)
 def test_check_mode_makes_every_check_and_starts_nothing(run_module, world):
     result = run_module(training_resume.main, world.args(), check_mode=True, diff=True)
     assert result["failed"] is False, result["msg"]
-    assert result["changed"] is True and result["started"] is True
+    assert result["changed"] is True and result["launched"] is True
     assert result["msg"].startswith(f"Would start the training job from checkpoint {world.checkpoint} (step 400): "
                                     "setsid nohup ")
     assert str(world.checkpoint) in result["diff"]["after"]
@@ -373,6 +373,13 @@ def test_a_command_that_cannot_run_says_so(run_module, world):
     assert result["failed"] is True
     assert result["msg"].startswith(f"Cannot start {world.tmp_path / 'missing.sh'} {world.checkpoint}: ")
     assert not (world.state_dir / "resume.json").exists()
+
+
+def test_the_result_reads_as_finished_to_async_status(run_module, world):
+    """async_wrapper's status file holds ``started`` while a job runs; a final result must not have it."""
+    result = run_module(training_resume.main, world.args())
+    assert result["failed"] is False, result["msg"]
+    assert "started" not in result and result["launched"] is True
 
 
 def test_bad_inputs_fail_before_anything(run_module, world):

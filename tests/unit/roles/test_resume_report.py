@@ -1,0 +1,46 @@
+"""The run report's summary of a resume_training phase (resume_training.yml, or rollback_nextn.yml with
+resume_training_after_rollback=true)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+
+TEMPLATE = Path(__file__).resolve().parents[3] / "roles" / "run_report" / "templates" / "report.md.j2"
+
+
+def render(phases: list[dict], playbook: str = "resume_training") -> str:
+    environment = jinja2.Environment(trim_blocks=True, undefined=jinja2.ChainableUndefined)
+    environment.filters["to_json"] = json.dumps
+    view = {"playbook": playbook, "run_id": "r1", "check_mode": False, "written": "2026-12-01T00:00:00Z",
+            "status": "ok", "phases": phases}
+    return environment.from_string(TEMPLATE.read_text()).render(run_report_view=view)
+
+
+def resume_phase(**findings: object) -> dict:
+    base = {"result": "Started the training job from checkpoint /c/step_000005400 (step 5400): PID 42: 9 processes, "
+                      "step 5403 logged, GPUs in use 8 of 8.",
+            "checkpoint": "/c/step_000005400", "checkpoint_step": 5400,
+            "resumed_from": "confirmed by the stop of run r0 at 2026-12-01T09:00:00Z", "first_step": 5401,
+            "last_step": 5403}
+    return {"phase": "resume_training", "host": "ct200", "status": "ok", "seconds": 30.1, "started": 1,
+            "findings": {**base, **findings}}
+
+
+def test_the_summary_names_the_resume_its_checkpoint_and_the_steps_logged() -> None:
+    summary = render([resume_phase()]).split("## Summary", 1)[1].split("## Phases", 1)[0]
+    assert "| training resumed | Started the training job from checkpoint /c/step_000005400 (step 5400)" in summary
+    assert ("| resumed from | /c/step_000005400 (step 5400), confirmed by the stop of run r0 at "
+            "2026-12-01T09:00:00Z |") in summary
+    assert "| first / last step logged since the start | 5401 / 5403 |" in summary
+
+
+def test_a_resume_that_logged_nothing_says_so_and_a_run_without_one_has_no_rows() -> None:
+    summary = render([resume_phase(first_step=None, last_step=None, checkpoint_step=None)])
+    assert "| first / last step logged since the start | - / - |" in summary
+    assert "(step -)" in summary
+    rollback = {"phase": "rollback_to_baseline", "host": "pro6000", "status": "ok", "seconds": 1, "started": 1,
+                "findings": {"release": "nextn-baseline"}}
+    assert "training resumed" not in render([rollback], playbook="rollback_nextn")
