@@ -1,0 +1,125 @@
+# -*- coding: utf-8 -*-
+# Copyright: Pivot developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Phase 0's rules: a run's inputs (the serving and the training host's variables) in, one sentence per problem out.
+
+Values given with ``-e key=value`` arrive as strings, so numbers are judged by their text. Draft length, budget and
+top-k are the DDTree plugin's own rule (:mod:`ddtree_rules`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ansible_collections.pivot.ops.plugins.plugin_utils import ddtree_rules
+
+Problem = str | None
+NUMBER = re.compile(r"^[0-9]*\.?[0-9]+$")
+
+
+def _integer(value: Any) -> int | None:
+    text = str(value).strip()
+    return int(text) if re.fullmatch(r"[0-9]+", text) else None
+
+
+def _number(value: Any) -> float | None:
+    text = str(value).strip()
+    return float(text) if NUMBER.fullmatch(text) else None
+
+
+def _absolute(name: str, value: Any, where: str) -> Problem:
+    if isinstance(value, str) and value.startswith("/"):
+        return None
+    return f"{name} must be an absolute path on the {where}; got {value if value is not None else 'nothing'}"
+
+
+def ddtree_settings(s: Mapping[str, Any]) -> Problem:
+    draft, budget, topk = (s.get(k) for k in ("pivot_ddtree_draft_tokens", "pivot_ddtree_budget", "pivot_ddtree_topk"))
+    refusal = ddtree_rules.settings_problem(draft, budget, topk)
+    if refusal is None:
+        return None
+    return (f"The DDTree plugin would refuse pivot_ddtree_draft_tokens={draft}, pivot_ddtree_budget={budget}, "
+            f"pivot_ddtree_topk={topk}: {refusal}")
+
+
+def accept_gate(s: Mapping[str, Any]) -> Problem:
+    value = s.get("pivot_ddtree_min_accept_length")
+    number = _number(value)
+    return None if number is not None and number > 0 else f"pivot_ddtree_min_accept_length must be a number > 0; got {value}"
+
+
+def quality_gate(s: Mapping[str, Any]) -> Problem:
+    value = s.get("pivot_quality_min_agreement", 0.8)
+    number = _number(value)
+    if number is not None and 0 <= number <= 1:
+        return None
+    return f"pivot_quality_min_agreement must be a number from 0 (gate off) to 1; got {value}"
+
+
+def port(s: Mapping[str, Any]) -> Problem:
+    value = s.get("pivot_serving_port")
+    number = _integer(value)
+    return None if number is not None and 1 <= number <= 65535 else f"pivot_serving_port must be a TCP port; got {value}"
+
+
+def health_timeout(s: Mapping[str, Any]) -> Problem:
+    value = s.get("pivot_serving_health_timeout", 1800)
+    number = _integer(value)
+    if number is not None and number >= 1:
+        return None
+    return ("pivot_serving_health_timeout (seconds a starting server may take to become healthy) must be an integer "
+            f">= 1; got {value}")
+
+
+def single_config_file(s: Mapping[str, Any]) -> Problem:
+    if "config" in (s.get("pivot_serving_common_args") or {}):
+        return ("pivot_serving_common_args must not set config: Pivot passes the API key to SGLang in its own --config "
+                "file, and SGLang takes only one")
+    return None
+
+
+def serving_paths(s: Mapping[str, Any]) -> list[Problem]:
+    names = ("pivot_serving_venv", "pivot_serving_target_model", "pivot_serving_drafter_model", "pivot_release_root",
+             "pivot_release_python")
+    return [_absolute(name, s.get(name), "serving host") for name in names]
+
+
+def wheelhouse(s: Mapping[str, Any]) -> Problem:
+    if str(s.get("pivot_release_wheelhouse") or "").strip():
+        return None
+    return ("pivot_release_wheelhouse must name the release wheelhouse's directory on the controller (with "
+            "pivot_release_wheelhouse_lock, Pivot downloads it there)")
+
+
+def job_selector(t: Mapping[str, Any]) -> Problem:
+    job = t.get("pivot_training_job") or {}
+    if isinstance(job, Mapping) and any(key in job for key in ("cmdline_match", "pidfile", "unit")):
+        return None
+    return "pivot_training_job needs one of cmdline_match, pidfile or unit to find the job"
+
+
+def checkpoint_path(t: Mapping[str, Any]) -> Problem:
+    checkpoint = t.get("pivot_training_checkpoint") or {}
+    if not checkpoint:
+        return None
+    return _absolute("pivot_training_checkpoint.path", checkpoint.get("path"), "training host")
+
+
+def log_file(t: Mapping[str, Any]) -> Problem:
+    value = t.get("pivot_training_log_file")
+    return None if value in (None, "") else _absolute("pivot_training_log_file", value, "training host")
+
+
+SERVING_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (
+    ddtree_settings, single_config_file, accept_gate, quality_gate, port, health_timeout, wheelhouse,
+)
+TRAINING_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (job_selector, checkpoint_path, log_file)
+
+
+def input_problems(serving: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
+    found: list[Problem] = [rule(serving) for rule in SERVING_RULES] + serving_paths(serving)
+    found += [rule(training) for rule in TRAINING_RULES]
+    return [problem for problem in found if problem]
