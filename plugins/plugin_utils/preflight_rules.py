@@ -232,15 +232,15 @@ def unit_cgroup_owner(facts: Facts) -> Callable[[Mapping[str, Any]], bool]:
 
 
 def cuda_toolchain(facts: Facts) -> Check:
-    nvcc = facts.get("nvcc")
+    """The extension build's needs, from ``pivot.ops.cuda_toolchain`` (the probe the release venv's build uses)."""
+    cuda = facts.get("cuda") or {}
     required = bool(facts.get("require_cuda"))
-    if command_ok(nvcc):
-        caps = sorted({line.strip() for line in (facts.get("compute_cap") or {}).get("stdout_lines", []) if line})
-        return check("cuda_toolchain", True, f"{str(nvcc.get('stdout', '')).strip()}; compute capability "
-                                             f"{', '.join(caps) or '?'}")
+    if cuda.get("build_possible"):
+        return check("cuda_toolchain", True, f"{cuda.get('nvcc')}: {cuda.get('nvcc_release') or '?'}; compute "
+                                             f"capability {', '.join(cuda.get('compute_capabilities') or [])}")
     tail = "" if required else "; its PyTorch path will be used"
-    return check("cuda_toolchain", not required,
-                 f"no CUDA compiler (nvcc) found: the ddtree_runtime extension cannot be built{tail}")
+    why = cuda.get("why_not") or one_line(cuda.get("msg", "the CUDA probe did not run"))
+    return check("cuda_toolchain", not required, f"the ddtree_runtime extension cannot be built: {why}{tail}")
 
 
 def free_disk(facts: Facts) -> Check:

@@ -50,7 +50,8 @@ def serving_facts(**changes: Any) -> dict[str, Any]:
         "holder_cgroups": {"900": "0::/system.slice/sglang.service\n"},
         "allowed_gpu_holders": [], "allow_variable": "pivot_serving_allowed_gpu_holders",
         "unit_name": UNIT, "unit": {"status": {"LoadState": "loaded", "ActiveState": "active", "DropInPaths": ""}},
-        "nvcc": command("Cuda compilation tools, release 13.0, V13.0.88"), "compute_cap": command("12.0\n12.0"),
+        "cuda": {"nvcc": "/usr/local/cuda/bin/nvcc", "nvcc_release": "Cuda compilation tools, release 13.0, V13.0.88",
+                 "compute_capabilities": ["12.0"], "build_possible": True, "why_not": ""},
         "require_cuda": True, "disk": command("      Avail Mounted on\n 500000000000 /"), "min_free_gib": 20,
         "port": 30000, "listener": command(""), "listener_cgroup": {},
     }
@@ -206,3 +207,12 @@ def test_a_failed_gpu_query_fails_gpu_count_once() -> None:
     checks = by_name(preflight_checks(serving_facts(gpus=failed), "serving"))
     assert not checks["gpu_count"]["ok"] and "Expected 4 GPU(s)" in checks["gpu_count"]["detail"]
     assert checks["gpu_holders"]["ok"] and "not checked" in checks["gpu_holders"]["detail"]
+
+
+def test_no_nvcc_fails_only_where_the_extension_is_required() -> None:
+    cuda = {"nvcc": None, "compute_capabilities": ["12.0"], "build_possible": False,
+            "why_not": "no nvcc found (looked on PATH, /usr/local/cuda/bin)"}
+    required = by_name(preflight_checks(serving_facts(cuda=cuda), "serving"))["cuda_toolchain"]
+    assert not required["ok"] and "no nvcc found" in required["detail"]
+    optional = by_name(preflight_checks(serving_facts(cuda=cuda, require_cuda=False), "serving"))["cuda_toolchain"]
+    assert optional["ok"] and "its PyTorch path will be used" in optional["detail"]

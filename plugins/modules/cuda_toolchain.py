@@ -1,0 +1,150 @@
+#!/usr/bin/python
+# Copyright (c) 2026, Pivot developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cuda_toolchain
+short_description: Find the CUDA compiler and the GPUs' compute capabilities (what a CUDA extension build needs)
+version_added: 0.1.0
+description:
+  - Looks for C(nvcc) on C(PATH), in C(/usr/local/cuda/bin) and in O(search_paths), reads its release line, and asks
+    C(nvidia-smi) for every GPU's compute capability.
+  - Returns C(build_possible) and the C(TORCH_CUDA_ARCH_LIST) value for the GPUs found, so the preflight and the
+    release venv's build decide from one probe. Only reads; never fails because something is missing (the caller
+    decides whether that matters).
+author:
+  - Pivot developers (@pivot)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; it runs the same in check mode.
+  diff_mode:
+    support: none
+  platform:
+    platforms: linux
+options:
+  search_paths:
+    description: Further directories to look for C(nvcc) in, after C(PATH) and C(/usr/local/cuda/bin).
+    type: list
+    elements: path
+    default: []
+  nvidia_smi:
+    description: The C(nvidia-smi) to ask.
+    type: str
+    default: nvidia-smi
+"""
+
+EXAMPLES = r"""
+- name: Find the CUDA toolchain
+  pivot.ops.cuda_toolchain:
+  register: cuda
+
+- name: Build the extension for the GPUs found
+  ansible.builtin.command:
+    argv: [/opt/venv/bin/pip, install, ./ddtree_runtime]
+  environment:
+    DDTREE_BUILD_CUDA: "1"
+    TORCH_CUDA_ARCH_LIST: "{{ cuda.arch_list }}"
+    PATH: "{{ cuda.nvcc | dirname }}:/usr/bin:/bin"
+  when: cuda.build_possible
+"""
+
+RETURN = r"""
+nvcc:
+  description: Path of the first C(nvcc) found; null when there is none.
+  returned: always
+  type: str
+  sample: /usr/local/cuda/bin/nvcc
+nvcc_release:
+  description: C(nvcc --version)'s release line; null without nvcc.
+  returned: always
+  type: str
+  sample: Cuda compilation tools, release 13.0, V13.0.88
+compute_capabilities:
+  description: The distinct compute capabilities of the GPUs, as nvidia-smi prints them.
+  returned: always
+  type: list
+  elements: str
+  sample: ["12.0"]
+arch_list:
+  description: The value for C(TORCH_CUDA_ARCH_LIST) (the capabilities joined with C(;)).
+  returned: always
+  type: str
+  sample: "12.0"
+build_possible:
+  description: Whether nvcc and at least one GPU compute capability were found.
+  returned: always
+  type: bool
+why_not:
+  description: Why a build is not possible (empty when it is).
+  returned: always
+  type: str
+  sample: no nvcc found (looked on PATH, in /usr/local/cuda/bin)
+"""
+
+import os
+import re
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+
+DEFAULT_CUDA_BIN = "/usr/local/cuda/bin"
+CAPABILITY = re.compile(r"^\d+\.\d+$")
+
+
+def find_nvcc(search_paths: list) -> str | None:
+    on_path = shutil.which("nvcc")
+    if on_path:
+        return on_path
+    for directory in [DEFAULT_CUDA_BIN, *search_paths]:
+        candidate = os.path.join(directory, "nvcc")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def release_line(module: AnsibleModule, nvcc: str) -> str | None:
+    rc, out, _err = module.run_command([nvcc, "--version"])
+    lines = [line.strip() for line in out.splitlines() if "release" in line]
+    return lines[0] if rc == 0 and lines else None
+
+
+def compute_capabilities(module: AnsibleModule, nvidia_smi: str) -> tuple[list, str]:
+    binary = shutil.which(nvidia_smi) or (nvidia_smi if os.path.isfile(nvidia_smi) else None)
+    if binary is None:
+        return [], f"no {nvidia_smi} found"
+    rc, out, err = module.run_command([binary, "--query-gpu=compute_cap", "--format=csv,noheader"])
+    found = sorted({line.strip() for line in out.splitlines() if CAPABILITY.match(line.strip())})
+    if rc != 0 or not found:
+        return [], f"{nvidia_smi} reported no compute capability ({(err or out).strip()[:200] or 'rc ' + str(rc)})"
+    return found, ""
+
+
+def run_module() -> None:
+    module = AnsibleModule(
+        argument_spec={"search_paths": {"type": "list", "elements": "path", "default": []},
+                       "nvidia_smi": {"type": "str", "default": "nvidia-smi"}},
+        supports_check_mode=True,
+    )
+    nvcc = find_nvcc(module.params["search_paths"])
+    capabilities, smi_problem = compute_capabilities(module, module.params["nvidia_smi"])
+    looked = ", ".join(["PATH", DEFAULT_CUDA_BIN, *module.params["search_paths"]])
+    why_not = f"no nvcc found (looked on {looked})" if nvcc is None else smi_problem
+    module.exit_json(
+        changed=False, nvcc=nvcc, nvcc_release=release_line(module, nvcc) if nvcc else None,
+        compute_capabilities=capabilities, arch_list=";".join(capabilities), build_possible=not why_not,
+        why_not=why_not,
+    )
+
+
+def main() -> None:
+    run_module()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""pivot.ops.cuda_toolchain with stand-in nvcc and nvidia-smi programs on PATH."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.pivot.ops.plugins.modules import cuda_toolchain
+
+
+def program(directory: Path, name: str, script: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    monkeypatch.setattr(cuda_toolchain, "DEFAULT_CUDA_BIN", str(tmp_path / "no-cuda"))
+    return directory
+
+
+NVCC = "echo 'nvcc: NVIDIA (R) Cuda compiler driver'; echo 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+
+
+def test_a_host_with_nvcc_and_two_blackwell_gpus_can_build(run_module, bin_dir: Path) -> None:
+    program(bin_dir, "nvcc", NVCC)
+    program(bin_dir, "nvidia-smi", "printf '12.0\\n12.0\\n'\n")
+    result = run_module(cuda_toolchain.main, {})
+    assert result["build_possible"] and result["why_not"] == ""
+    assert result["nvcc"] == str(bin_dir / "nvcc")
+    assert result["nvcc_release"] == "Cuda compilation tools, release 13.0, V13.0.88"
+    assert result["compute_capabilities"] == ["12.0"] and result["arch_list"] == "12.0"
+    assert result["changed"] is False
+
+
+def test_mixed_gpus_give_every_architecture(run_module, bin_dir: Path) -> None:
+    program(bin_dir, "nvcc", NVCC)
+    program(bin_dir, "nvidia-smi", "printf '9.0\\n12.0\\n'\n")
+    assert run_module(cuda_toolchain.main, {})["arch_list"] == "12.0;9.0"
+
+
+def test_nvcc_outside_path_is_found_in_the_search_paths(run_module, bin_dir: Path, tmp_path: Path) -> None:
+    cuda = tmp_path / "cuda-13" / "bin"
+    cuda.mkdir(parents=True)
+    program(cuda, "nvcc", NVCC)
+    program(bin_dir, "nvidia-smi", "echo 9.0\n")
+    result = run_module(cuda_toolchain.main, {"search_paths": [str(cuda)]}, check_mode=True)
+    assert result["nvcc"] == str(cuda / "nvcc") and result["build_possible"]
+
+
+def test_without_nvcc_it_says_where_it_looked(run_module, bin_dir: Path) -> None:
+    program(bin_dir, "nvidia-smi", "echo 9.0\n")
+    result = run_module(cuda_toolchain.main, {})
+    assert not result["failed"] and not result["build_possible"]
+    assert result["nvcc"] is None and result["why_not"].startswith("no nvcc found (looked on PATH")
+
+
+def test_a_driver_failure_is_reported_not_raised(run_module, bin_dir: Path) -> None:
+    program(bin_dir, "nvcc", NVCC)
+    program(bin_dir, "nvidia-smi", "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                                   "driver.\"; exit 9\n")
+    result = run_module(cuda_toolchain.main, {})
+    assert not result["build_possible"] and "couldn't communicate with the NVIDIA driver" in result["why_not"]
