@@ -80,7 +80,7 @@ def test_second_pivot_refuses_while_the_first_runs(interruption: Interruption) -
 
 def test_killed_run_stopped_the_job_after_a_checkpoint(interruption: Interruption) -> None:
     report = interruption.first_report()
-    assert [p["phase"] for p in report["phases"]][-1] == "install_ddtree_runtime", "killed during the switch"
+    assert [p["phase"] for p in report["phases"]][-1] == "training_gpu_release", "killed during the switch"
     stopped = next(p for p in report["phases"] if p["phase"] == "stop_training")
     assert stopped["status"] == "ok" and stopped["findings"]["sigkill_needed"] is False
     checkpoint = stopped["findings"]["checkpoint_path"].rsplit("/", 1)[-1]
