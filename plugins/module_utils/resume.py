@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from dataclasses import dataclass
 from typing import Callable
 
@@ -273,3 +274,51 @@ def owned_pids(
 
 def record_path(state_dir: str) -> str:
     return os.path.join(state_dir, RECORD_NAME)
+
+
+# --- starting it detached ----------------------------------------------------------------------------------------
+
+MAX_FD = 65536
+
+
+def spawn_detached(argv: list, cwd: str | None, env: dict, output: str | None) -> int:
+    """Start ``argv`` as ``setsid nohup argv >> output 2>&1 < /dev/null &`` does: in a new session (no controlling
+    terminal, out of the caller's process group), SIGHUP ignored, no descriptor of the caller inherited. Returns its
+    PID once it has exec'd; raises OSError with the child's own error when it could not (no such file, ...)."""
+    read_end, write_end = os.pipe()  # close-on-exec: EOF tells the parent the exec happened
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; what it does is seen through the parent
+        try:
+            os.close(read_end)
+            _become_detached(cwd, output, write_end)
+            os.execvpe(argv[0], argv, env)
+        except BaseException as exc:  # reported to the parent, whatever it is
+            os.write(write_end, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"))
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    error = b""
+    while True:
+        chunk = os.read(read_end, 4096)
+        if not chunk:
+            break
+        error += chunk
+    os.close(read_end)
+    if error:
+        os.waitpid(pid, 0)
+        raise OSError(error.decode("utf-8", "replace"))
+    return pid
+
+
+def _become_detached(cwd: str | None, output: str | None, keep: int) -> None:
+    os.setsid()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # SIG_IGN survives exec, as under nohup
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(output, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if output else os.open(os.devnull, os.O_WRONLY)
+    os.dup2(stdin, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.closerange(3, keep)
+    os.closerange(keep + 1, MAX_FD)
+    if cwd:
+        os.chdir(cwd)

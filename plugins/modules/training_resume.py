@@ -27,9 +27,10 @@ description:
     C(<state_dir>/resume.json) before it waits, so a re-run after an interruption recognises the job.
   - It then waits up to O(timeout) until the job really trains; at least O(expect_processes) processes, a step after
     the checkpoint's logged in O(log_file) since the start, and at least O(gpu_busy_min_mib) in use on every GPU of
-    O(gpus). A job that exits fails the task with the end of its output. A job whose first logged step is not after the
-    checkpoint's did not resume from it: the module stops it again (SIGTERM, SIGKILL after 30 s) and fails. A job still
-    starting after O(timeout) is left running and the task fails; the next run recognises it and waits again.
+    O(gpus). A job that exits fails the task with the end of its output. A job whose first logged step is not after
+    the checkpoint's did not resume from it, so the module stops it again (SIGTERM, SIGKILL after 30 s) and fails. A
+    job still starting after O(timeout) is left running and the task fails; the next run recognises it and waits
+    again.
 author:
   - Pivot developers (@pivot)
 extends_documentation_fragment:
@@ -369,8 +370,6 @@ timings:
 import os
 import re
 import shlex
-import signal
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -411,6 +410,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
     owned_pids,
     record_path,
     render_command,
+    spawn_detached,
     steps_since,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.stop_record import utc_now
@@ -469,7 +469,8 @@ class TrainingResume:
         self.checkpoint = self.params["checkpoint"].rstrip("/") or "/"
         self.step = self.checkpoint_step()
         self.smi = None
-        self.popen = None
+        self.child = None  # PID of the process this run started with setsid (a child of this module)
+        self.child_status = None  # its exit status once it has exited
         self.progress = ProgressFile(None if module.check_mode else self.params["progress_file"])
         self.result = {
             "changed": False,
@@ -703,35 +704,21 @@ class TrainingResume:
 
     # --- the start ------------------------------------------------------------------------------------------------
 
-    def open_output(self):
-        output = self.params["output_file"]
-        if not output:
-            return subprocess.DEVNULL
-        try:
-            os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
-            return open(output, "ab")  # handed to the child, closed right after the start
-        except OSError as exc:
-            self.fail("Cannot open output_file %s: %s. Nothing was started." % (output, exc))
-        return None  # unreachable
-
     def start_setsid(self, argv: list) -> int:
         environment = dict(os.environ)
         environment.update({name: str(value) for name, value in self.params["environment"].items()})
-        output = self.open_output()
-        # SIG_IGN survives exec: the job ignores SIGHUP like a job started under nohup.
-        previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        output = self.params["output_file"]
+        if output:
+            try:
+                os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
+            except OSError as exc:
+                self.fail("Cannot create the directory of output_file %s: %s. Nothing was started." % (output, exc))
         try:
-            self.popen = subprocess.Popen(argv, cwd=self.params["chdir"] or None, env=environment,
-                                          stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                                          close_fds=True, start_new_session=True)
+            self.child = spawn_detached(argv, self.params["chdir"], environment, output)
         except OSError as exc:
             self.fail("Cannot start %s: %s. Nothing was started; check the resume command and its working directory."
                       % (quoted(argv), exc))
-        finally:
-            signal.signal(signal.SIGHUP, previous)
-            if output is not subprocess.DEVNULL:
-                output.close()
-        return self.popen.pid
+        return self.child
 
     def start_systemd_run(self, command: list) -> int:
         unit = unit_service(self.params["unit"])
@@ -783,9 +770,21 @@ class TrainingResume:
 
     # --- waiting until it trains ----------------------------------------------------------------------------------
 
+    def reap_child(self) -> bool:
+        """Whether the process this run started still runs; collects its exit status when it has ended."""
+        if self.child_status is None:
+            try:
+                pid, status = os.waitpid(self.child, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            self.child_status = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+        return False
+
     def launched_alive(self, launch: Launch) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
+        if self.child is not None:
+            return self.reap_child()
         info = self.proc.read(launch.pid)
         return info is not None and info.start_time == launch.start_time and not info.is_zombie
 
@@ -832,9 +831,9 @@ class TrainingResume:
         return out.strip()
 
     def exit_status(self) -> str:
-        if self.popen is None or self.popen.returncode is None:
+        if self.child is None or self.child_status is None:
             return ""
-        return " with status %d" % self.popen.returncode
+        return " with status %d" % self.child_status
 
     def died(self, launch: Launch, output_offset: int, detail: str) -> None:
         tail = self.output_tail(launch, output_offset)
@@ -853,8 +852,8 @@ class TrainingResume:
         escalator = Escalator(lambda: self.launched_members(launch), Signaller(self.proc, SignalLog()),
                               poll_interval=0.2)
         outcome = escalator.run(self.launched_members(launch), WRONG_START_GRACE, WRONG_START_KILL_TIMEOUT)
-        if self.popen is not None:
-            self.popen.poll()
+        if self.child is not None:
+            self.reap_child()
         left = ("; %d process(es) survived SIGKILL: %s" % (len(outcome.remaining), ", ".join(
             str(info.pid) for info in outcome.remaining))) if outcome.remaining else ""
         tail = self.output_tail(launch, output_offset)
