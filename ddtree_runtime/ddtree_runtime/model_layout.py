@@ -1,4 +1,6 @@
-"""What a target/drafter pair's Hugging Face configs must say for SGLang to serve them (plain JSON, no torch).
+"""What a target/drafter pair's Hugging Face configs say (plain JSON, no torch): the target's architecture and text
+settings (dense Qwen3, or the Qwen3.5/3.6 hybrid with its settings under ``text_config``), and what SGLang needs to
+serve the pair.
 
 SGLang captures the hidden state a drafter reads from target layer ``k`` as the *input* of layer ``k + 1``
 (``set_dflash_layers_to_capture`` in its model files), so a drafter can read layers ``0 .. L - 2`` of an ``L``-layer

@@ -14,6 +14,11 @@ in one target pass and commits the accepted drafts plus a new bonus; its accepta
 sample-and-match (see :mod:`ddtree_runtime.verify`), so every decoder samples exactly the target
 distribution. Drafts are always the drafter's argmax / best-first tree from its raw softmax.
 
+Targets. The dense Qwen3 and the Qwen3.5/3.6 hybrid run through the same loop: one target forward per round over
+the chain or the whole tree, then a commit (``crop`` for the chain, ``compact`` for the accepted tree path). In the
+hybrid the Gated DeltaNet layers advance each node's recurrent and conv state from its parent's, and the commit
+keeps the state of the last accepted node (:class:`~ddtree_runtime.reference.cache.HybridCache`).
+
 Stops. Generation ends at the first stop token (kept in ``tokens``) or after ``max_new_tokens`` tokens;
 tokens computed past either point in the last round are discarded.
 """
