@@ -14,6 +14,7 @@ from ddtree_runtime.labserver.models import SPECIAL_TOKENS
 from ddtree_runtime.model_layout import is_hybrid_target, pair_problem
 from ddtree_runtime.reference import Qwen35ForCausalLM, load_dflash, load_target
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.train.__main__ import main as train_main
 from ddtree_runtime.train.pair import verify_checksums
 from test_shipped_pair import RECOMMENDED_GATE, served_accept_length
 
@@ -83,5 +84,8 @@ def test_the_drafter_predicts_its_target_and_trees_accept_more(backend):
     assert tree128.mean_tau > tree16.mean_tau
 
 
-def test_the_lab_server_serves_the_hybrid_pair_and_its_gate_passes(tmp_path):
+def test_the_lab_server_serves_the_hybrid_pair_and_the_gate_tells_a_random_drafter(tmp_path):
     assert served_accept_length(tmp_path, SHIPPED_HYBRID_DRAFTER, SHIPPED_HYBRID_TARGET) >= RECOMMENDED_GATE
+    random_drafter = tmp_path / "random-dflash"
+    assert train_main(["random-drafter", "--like", str(SHIPPED_HYBRID_DRAFTER), "--out", str(random_drafter)]) == 0
+    assert served_accept_length(tmp_path, random_drafter, SHIPPED_HYBRID_TARGET) < RECOMMENDED_GATE

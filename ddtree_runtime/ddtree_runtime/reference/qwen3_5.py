@@ -126,7 +126,9 @@ class Qwen35TextConfig:
         )
 
     def text_dict(self) -> dict[str, Any]:
-        """The ``text_config`` transformers writes for ``Qwen3_5TextConfig``."""
+        """The ``text_config`` transformers writes for ``Qwen3_5TextConfig`` (``full_attention_interval`` only when
+        the layer types follow one)."""
+        interval = _interval_of(self.layer_types)
         return {
             "model_type": "qwen3_5_text",
             "vocab_size": self.vocab_size,
@@ -134,7 +136,7 @@ class Qwen35TextConfig:
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
             "layer_types": list(self.layer_types),
-            "full_attention_interval": _interval_of(self.layer_types),
+            **({} if interval is None else {"full_attention_interval": interval}),
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
