@@ -256,6 +256,22 @@ def test_greedy_chat_completions_are_deterministic(ddtree_server):
     assert first["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def test_a_thinking_template_answers_in_reasoning_until_thinking_is_turned_off(ddtree_server):
+    """Served with --reasoning-parser qwen3, the lab model's template opens a think block (as Qwen3.6's does): a reply
+    cut off by max_tokens is all reasoning with empty content, as SGLang returns it; enable_thinking false answers."""
+    wait_healthy(ddtree_server)
+    body = {"messages": [{"role": "user", "content": "Write fizzbuzz."}], "temperature": 0, "max_tokens": 24}
+    code, raw = request(ddtree_server.url("/v1/chat/completions"), body)
+    assert code == 200
+    thinking = json.loads(raw)["choices"][0]["message"]
+    assert thinking["content"] == "" and thinking["reasoning_content"]
+    body["chat_template_kwargs"] = {"enable_thinking": False}
+    code, raw = request(ddtree_server.url("/v1/chat/completions"), body)
+    answer = json.loads(raw)["choices"][0]["message"]
+    assert code == 200 and answer["content"] and answer["reasoning_content"] is None
+    assert split_reasoning("plan only, cut off", think_open=True) == ("plan only, cut off", "")
+
+
 def test_native_generate_and_metrics(ddtree_server):
     wait_healthy(ddtree_server)
     params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
@@ -355,18 +371,3 @@ def test_server_path_works_without_transformers(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "5"
 
-
-def test_a_thinking_template_answers_in_reasoning_until_thinking_is_turned_off(ddtree_server):
-    """Served with --reasoning-parser qwen3, the lab model's template opens a think block (as Qwen3.6's does): a reply
-    cut off by max_tokens is all reasoning with empty content, as SGLang returns it; enable_thinking false answers."""
-    wait_healthy(ddtree_server)
-    body = {"messages": [{"role": "user", "content": "Write fizzbuzz."}], "temperature": 0, "max_tokens": 24}
-    code, raw = request(ddtree_server.url("/v1/chat/completions"), body)
-    assert code == 200
-    thinking = json.loads(raw)["choices"][0]["message"]
-    assert thinking["content"] == "" and thinking["reasoning_content"]
-    body["chat_template_kwargs"] = {"enable_thinking": False}
-    code, raw = request(ddtree_server.url("/v1/chat/completions"), body)
-    answer = json.loads(raw)["choices"][0]["message"]
-    assert code == 200 and answer["content"] and answer["reasoning_content"] is None
-    assert split_reasoning("plan only, cut off", think_open=True) == ("plan only, cut off", "")
