@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from ddtree_runtime.labserver.models import ByteTokenizer, chat_prompt, resolve_drafter_dir, resolve_target_dir
-from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash, load_qwen3
+from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash
+from ddtree_runtime.reference.target import load_target
 from ddtree_runtime.sampling import SamplingParams
 
 PROMPTS = [
@@ -40,10 +41,10 @@ def load_pair(target: str | None, drafter: str | None, dtype: torch.dtype) -> Sp
         root = tempfile.mkdtemp(prefix="ddtree-bench-")
         os.environ["PIVOT_LAB_MODEL_ROOT"] = root
         target_dir = resolve_target_dir("/bench/target")
-        model = load_qwen3(target_dir, dtype=dtype)
+        model = load_target(target_dir, dtype=dtype)
         drafter_dir = resolve_drafter_dir("/bench/drafter", model.config)
     else:
-        target_dir, model = Path(target), load_qwen3(target, dtype=dtype)
+        target_dir, model = Path(target), load_target(target, dtype=dtype)
         drafter_dir = Path(drafter) if drafter else None
     draft = DFlashDrafter(load_dflash(drafter_dir, dtype=dtype), model) if drafter_dir else None
     return SpeculativeDecoder(model, draft)
