@@ -267,8 +267,8 @@ msg:
     9 processes, step 5403 logged, GPUs in use 8 of 8."
 launched:
   description:
-    - Whether the job was started by this run (in check mode, whether it would be). Not named C(started), which
-      Ansible's async job status uses for itself.
+    - Whether the job was started by this run; false in check mode (RV(changed) says whether it would be). Not named
+      C(started), which Ansible's async job status uses for itself.
   returned: always
   type: bool
   sample: true
@@ -896,7 +896,7 @@ class TrainingResume:
         if self.module._diff:
             self.result["diff"] = {"before": "no training job is running\n", "after": quoted(command) + "\n"}
         if self.module.check_mode:
-            self.result.update(changed=True, launched=True)
+            self.result["changed"] = True
             self.finish("Would start the training job from checkpoint %s (step %s): %s."
                         % (self.checkpoint, "-" if self.step is None else self.step, quoted(command)))
         log_offset = file_size(self.params["log_file"])

@@ -302,7 +302,7 @@ def test_a_step_the_checkpoint_does_not_know_cannot_be_passed(run_module, world)
 def test_check_mode_makes_every_check_and_starts_nothing(run_module, world):
     result = run_module(training_resume.main, world.args(), check_mode=True, diff=True)
     assert result["failed"] is False, result["msg"]
-    assert result["changed"] is True and result["launched"] is True
+    assert result["changed"] is True and result["launched"] is False
     assert result["msg"].startswith(f"Would start the training job from checkpoint {world.checkpoint} (step 400): "
                                     "setsid nohup ")
     assert str(world.checkpoint) in result["diff"]["after"]
