@@ -10,11 +10,11 @@ Two definitions of "complete":
   writes it last, so this is exact.
 * without one (the trainer's own file pattern only): the checkpoint *settled*. Its signature (total size, number of
   files, newest modification time of anything inside it) stayed the same for ``settle_seconds`` of observation, it is
-  not empty, it has at least as many files as the fullest checkpoint that existed before the request, and no process
-  has a file inside it open for writing. This is weaker than a marker: a trainer that pauses longer than
-  ``settle_seconds`` between two files of one save (gathering optimizer state, for example) without holding a file
-  open looks complete too early, and a save cut short by a crash after the request looks complete once it stops
-  changing. Callers therefore also check that the job is still running when they accept such a checkpoint.
+  not empty, and no process has a file inside it open for writing. One with fewer files than the newest checkpoint
+  before the request (a save that may be paused between two files) must stay unchanged ``FEW_FILES_FACTOR`` times as
+  long. This is weaker than a marker: a trainer that pauses longer than that between two files of one save without
+  holding a file open looks complete too early, and a save cut short by a crash after the request looks complete once
+  it stops changing. Callers therefore also check that the job is still running when they accept such a checkpoint.
 
 A checkpoint is *new* when its entry did not exist when ``take_baseline`` ran, or its signature changed since. A
 half-written entry left behind by an earlier, killed trainer keeps its signature and so never counts as new.
@@ -31,11 +31,12 @@ from typing import Callable
 
 DEFAULT_STEP_REGEX = r"(\d+)(?!.*\d)"
 DEFAULT_SETTLE_SECONDS = 30.0
+# A new checkpoint with fewer files than the newest one before the request must stay unchanged this many times as long.
+FEW_FILES_FACTOR = 3
 
 # States of a new checkpoint entry, as EntryState.state.
 WRITING = "growing"  # its signature changed since the last poll, or a process has a file in it open for writing
 SETTLING = "settling"  # unchanged, but not yet for settle_seconds (no marker)
-FEW_FILES = "fewer files than the checkpoints before it"  # settled, but incomplete by the file count (no marker)
 NO_MARKER = "no marker yet"  # marker mode: the marker is not there
 EMPTY = "empty"  # no marker: settled with nothing in it
 COMPLETE = "complete"
@@ -83,6 +84,7 @@ class EntryState:
     signature: Signature
     state: str
     unchanged_for: float  # seconds its signature has been the same, as observed by this watcher
+    settle_for: float = 0.0  # how long it must stay unchanged (no marker): settle_seconds, longer with fewer files
 
     @property
     def name(self) -> str:
@@ -206,10 +208,19 @@ class CheckpointWatcher:
         self.clock = clock
         self.writers = writers
         self.baseline = {}  # path -> Signature at the baseline
-        self.baseline_files = 0  # file count of the fullest checkpoint at the baseline (no-marker rule)
+        self.reference = None  # (name, file count) of the newest non-empty checkpoint at the baseline (no-marker rule)
         self._seen = {}  # path -> (Signature, clock when first seen with it)
 
     # --- baseline ---------------------------------------------------------------------------------------------
+
+    def _by_step(self, entries: dict) -> list:
+        """(path, Signature) of non-empty entries, highest step (then newest) first."""
+        found = [(path, sig) for path, sig in entries.items() if sig.size > 0]
+        return sorted(found, key=lambda item: (self._step(item[0]), item[1].newest_mtime_ns), reverse=True)
+
+    def _step(self, path: str) -> int:
+        step = parse_step(os.path.basename(path), self.spec.step_regex)
+        return -1 if step is None else step
 
     def take_baseline(self) -> None:
         self.baseline = {}
@@ -217,29 +228,27 @@ class CheckpointWatcher:
             signature = entry_signature(path)
             if signature is not None:
                 self.baseline[path] = signature
-        self.baseline_files = max((sig.files for sig in self.baseline.values() if sig.size > 0), default=0)
+        ordered = self._by_step(self.baseline)
+        self.reference = (os.path.basename(ordered[0][0]), ordered[0][1].files) if ordered else None
         self._seen = {}
-
-    def _complete_before(self, path: str, signature: Signature) -> bool:
-        if self.spec.marker:
-            return os.path.isdir(path) and os.path.exists(os.path.join(path, self.spec.marker))
-        return signature.size > 0 and signature.files >= self.baseline_files
 
     def newest_before(self) -> Checkpoint | None:
         """The best checkpoint that already existed at the baseline: what a stop without a new one leaves to resume
-        from. With a marker: the marker exists. Without: not empty, as many files as the fullest one, and no file in
-        it open for writing (a save in progress, or a killed save's debris with fewer files, does not count)."""
-        found = []
-        for path, signature in self.baseline.items():
-            if not self._complete_before(path, signature):
-                continue
-            step = parse_step(os.path.basename(path), self.spec.step_regex)
-            found.append(Checkpoint(path, step, signature.newest_mtime_ns / 1e9, signature.size))
-        while found:
-            candidate = best(found)
-            if self.spec.marker or not self.writers(candidate.path):
-                return candidate
-            found.remove(candidate)
+        from. With a marker: the marker exists. Without: the highest step that is not empty, has no file open for
+        writing (a save in progress) and has at least as many files as the next lower one (a killed save's debris
+        has fewer)."""
+        if self.spec.marker:
+            found = [Checkpoint(path, parse_step(os.path.basename(path), self.spec.step_regex),
+                                sig.newest_mtime_ns / 1e9, sig.size)
+                     for path, sig in self.baseline.items()
+                     if os.path.isdir(path) and os.path.exists(os.path.join(path, self.spec.marker))]
+            return best(found)
+        ordered = self._by_step(self.baseline)
+        for index, (path, sig) in enumerate(ordered):
+            lower = ordered[index + 1][1].files if index + 1 < len(ordered) else 0
+            if sig.files >= lower and not self.writers(path):
+                return Checkpoint(path, parse_step(os.path.basename(path), self.spec.step_regex),
+                                  sig.newest_mtime_ns / 1e9, sig.size)
         return None
 
     # --- polling ----------------------------------------------------------------------------------------------
@@ -255,6 +264,12 @@ class CheckpointWatcher:
             return previous is not None, 0.0
         return False, now - previous[1]
 
+    def settle_for(self, signature: Signature) -> float:
+        """How long a new entry must stay unchanged: longer when it has fewer files than the newest one before."""
+        if self.reference is not None and signature.files < self.reference[1]:
+            return self.spec.settle_seconds * FEW_FILES_FACTOR
+        return self.spec.settle_seconds
+
     def _state(self, path: str, signature: Signature, changed: bool, unchanged_for: float) -> tuple:
         """(state, unchanged_for) of a new entry; a writer found restarts the settle period."""
         if self.spec.marker:
@@ -263,7 +278,7 @@ class CheckpointWatcher:
             return (WRITING if changed else NO_MARKER), unchanged_for
         if changed:
             state = WRITING
-        elif unchanged_for < self.spec.settle_seconds:
+        elif unchanged_for < self.settle_for(signature):
             state = SETTLING
         elif signature.size == 0:
             state = EMPTY
@@ -271,7 +286,7 @@ class CheckpointWatcher:
             self._seen[path] = (signature, self.clock())
             state, unchanged_for = WRITING, 0.0
         else:
-            state = FEW_FILES if signature.files < self.baseline_files else COMPLETE
+            state = COMPLETE
         return state, unchanged_for
 
     def poll(self) -> list:
@@ -285,7 +300,7 @@ class CheckpointWatcher:
             changed, unchanged_for = self._observe(path, signature, now)
             state, unchanged_for = self._state(path, signature, changed, unchanged_for)
             step = parse_step(os.path.basename(path), self.spec.step_regex)
-            states.append(EntryState(path, step, signature, state, unchanged_for))
+            states.append(EntryState(path, step, signature, state, unchanged_for, self.settle_for(signature)))
         return sorted(states, key=lambda item: (item.step if item.step is not None else -1, item.path))
 
     def accept(self, states: list) -> Checkpoint | None:
@@ -313,20 +328,22 @@ def format_bytes(size: int) -> str:
     return "%d B" % size  # unreachable
 
 
-def describe_entry(entry: EntryState, settle_seconds: float) -> str:
+def describe_entry(entry: EntryState, reference: tuple | None = None) -> str:
     """``step_000005400 (growing, 1.2 GiB)``, ``step_000005400 (settling 12 of 30 s, 1.2 GiB)``."""
     state = entry.state
     if state == SETTLING:
-        state = "settling %d of %d s" % (entry.unchanged_for, settle_seconds)
+        state = "settling %d of %d s" % (entry.unchanged_for, entry.settle_for)
+        if reference is not None and entry.signature.files < reference[1]:
+            state += ", %d files, %s had %d" % (entry.signature.files, reference[0], reference[1])
     return "%s (%s, %s)" % (entry.name, state, format_bytes(entry.signature.size))
 
 
-def describe_wait(states: list, settle_seconds: float, previous: Checkpoint | None) -> str:
+def describe_wait(states: list, previous: Checkpoint | None, reference: tuple | None = None) -> str:
     """What the wait has seen so far, for a progress line: the newest new entry, or that none appeared yet."""
     if states:
         newest = max(states, key=lambda item: (item.step if item.step is not None else -1,
                                                 item.signature.newest_mtime_ns))
-        return "newest %s" % describe_entry(newest, settle_seconds)
+        return "newest %s" % describe_entry(newest, reference)
     if previous is not None:
         return "no new one yet (newest before the request: %s)" % os.path.basename(previous.path)
     return "no new one yet"

@@ -145,15 +145,14 @@ options:
           - "Without it, a new checkpoint entry (file or directory) is complete when it has B(settled): (1) its
             signature (total size, number of files, newest modification time of the entry and of anything inside
             it) stayed the same for O(checkpoint.settle_seconds) of observation, so no file in it is still
-            growing; (2) it is not empty; (3) it has at least as many files as the fullest checkpoint that existed
-            before the request (a save cut off between files has fewer); (4) no process has a file inside it open
-            for writing (C(/proc/<pid>/fd)); (5) no other new entry is still growing or settling (a stop in the
-            middle of the next save would leave a torn checkpoint with the highest step); (6) the job is still
-            running when it settles (a save cut short by a crash stops changing, too)."
-          - "Settling is weaker than a marker: a trainer that pauses longer than O(checkpoint.settle_seconds)
-            between two files of one save without holding a file open (gathering sharded optimizer state, for
-            example) looks complete too early, and the first checkpoint in an empty directory has no earlier one
-            to compare file counts with. Choose O(checkpoint.settle_seconds) above the longest pause of a save."
+            growing; (2) it is not empty; (3) no process has a file inside it open for writing (C(/proc/<pid>/fd));
+            (4) no other new entry is still growing or settling (a stop in the middle of the next save would leave
+            a torn checkpoint with the highest step); (5) the job is still running when it settles (a save cut short
+            by a crash stops changing, too). One with fewer files than the newest checkpoint before the request (a
+            save that may be paused between two files) must stay unchanged three times as long."
+          - "Settling is weaker than a marker: a trainer that pauses longer than that between two files of one save
+            without holding a file open (gathering sharded optimizer state, for example) looks complete too early.
+            Choose O(checkpoint.settle_seconds) above the longest pause of a save."
         type: str
       settle_seconds:
         description:
@@ -925,7 +924,6 @@ class TrainingStop:
         """Poll until a new complete checkpoint is accepted or the timeout passes: (checkpoint or None, last states).
         Reports progress, cancels when the controller is gone, raises JobEnded when the job exits meanwhile."""
         timeout = self.checkpoint_params["timeout"]
-        settle = self.checkpoint_params["settle_seconds"]
         started = time.monotonic()
         next_scan = started + JOB_SCAN_INTERVAL
         while True:
@@ -933,7 +931,7 @@ class TrainingStop:
             found = watcher.accept(states)
             elapsed = time.monotonic() - started
             self.progress.update("checkpoint", "waiting for a complete checkpoint newer than the request: %s, %s" % (
-                waited_text(elapsed, timeout), describe_wait(states, settle, previous)))
+                waited_text(elapsed, timeout), describe_wait(states, previous, watcher.reference)))
             if found is not None and (watcher.spec.marker or tracker.scan()):
                 return found, states
             if found is not None:

@@ -177,20 +177,34 @@ def test_a_file_held_open_for_writing_keeps_it_incomplete(tmp_path):
     assert states_of(watcher) == {"step_9": "complete"}
 
 
-def test_fewer_files_than_the_checkpoints_before_is_incomplete(tmp_path):
+def test_fewer_files_than_the_newest_checkpoint_before_must_settle_three_times_as_long(tmp_path):
     clock = ManualClock()
     save(tmp_path, 100, files=3)
     watcher = watcher_for(tmp_path, clock=clock, settle_seconds=5)
     watcher.take_baseline()
     save(tmp_path, 200, files=2)  # a save that paused (or died) before its third file
     watcher.poll()
-    clock.now += 5
+    clock.now += 14
     states = watcher.poll()
-    assert [entry.state for entry in states] == ["fewer files than the checkpoints before it"]
+    assert [(entry.state, entry.settle_for) for entry in states] == [("settling", 15)]
     assert watcher.accept(states) is None
-    write(str(tmp_path / "step_200" / "part2.bin"), 10)
+    assert describe_wait(states, None, watcher.reference) == (
+        "newest step_200 (settling 14 of 15 s, 2 files, step_100 had 3, 20 B)")
+    write(str(tmp_path / "step_200" / "part2.bin"), 10)  # the third file comes after all
     watcher.poll()
     clock.now += 5
+    assert watcher.accept(watcher.poll()).step == 200, "with all its files, the normal settle period"
+
+
+def test_a_save_with_fewer_files_is_taken_after_the_longer_period(tmp_path):
+    """A trainer whose format changed (a marker it no longer writes, a file it dropped) is not blocked for good."""
+    clock = ManualClock()
+    save(tmp_path, 100, files=4)
+    watcher = watcher_for(tmp_path, clock=clock, settle_seconds=5)
+    watcher.take_baseline()
+    save(tmp_path, 200, files=3)
+    watcher.poll()
+    clock.now += 15
     assert watcher.accept(watcher.poll()).step == 200
 
 
@@ -276,21 +290,21 @@ def test_progress_names_the_newest_entry_its_state_and_size(tmp_path):
     clock = ManualClock()
     watcher = watcher_for(tmp_path, clock=clock, settle_seconds=30)
     watcher.take_baseline()
-    assert describe_wait([], 30, None) == "no new one yet"
+    assert describe_wait([], None) == "no new one yet"
     write(str(tmp_path / "step_000005400" / "model.bin"), 1000)
     watcher.poll()
     clock.now += 1
     write(str(tmp_path / "step_000005400" / "model.bin"), 1288490189)
-    assert describe_wait(watcher.poll(), 30, None) == "newest step_000005400 (growing, 1.2 GiB)"
+    assert describe_wait(watcher.poll(), None) == "newest step_000005400 (growing, 1.2 GiB)"
     clock.now += 12
-    assert describe_wait(watcher.poll(), 30, None) == "newest step_000005400 (settling 12 of 30 s, 1.2 GiB)"
+    assert describe_wait(watcher.poll(), None) == "newest step_000005400 (settling 12 of 30 s, 1.2 GiB)"
 
 
 def test_progress_before_anything_new_names_the_last_checkpoint(tmp_path):
     save(tmp_path, 5300)
     watcher = watcher_for(tmp_path)
     watcher.take_baseline()
-    assert describe_wait(watcher.poll(), 30, watcher.newest_before()) == (
+    assert describe_wait(watcher.poll(), watcher.newest_before()) == (
         "no new one yet (newest before the request: step_5300)")
 
 
