@@ -267,7 +267,7 @@ msg:
     9 processes, step 5403 logged, GPUs in use 8 of 8."
 launched:
   description:
-    - Whether the job was started by this run; false in check mode (RV(changed) says whether it would be). Not named
+    - Whether the job was started by this run; false in check mode (C(changed) says whether it would be). Not named
       C(started), which Ansible's async job status uses for itself.
   returned: always
   type: bool
