@@ -251,7 +251,7 @@ def free_disk(facts: Facts) -> Check:
         return check("free_disk", False, f"could not measure free disk space ({command_error(facts.get('disk'))})")
     ok = min(int(row[0]) for row in rows) >= need * GIB
     listed = "; ".join(f"{row[1]}: {int(row[0]) / GIB:.1f} GiB free" for row in rows)
-    return check("free_disk", ok, f"{listed}; need {need:g} GiB")
+    return check("free_disk", ok, f"{listed}; need {int(need) if need.is_integer() else need} GiB")
 
 
 def port(facts: Facts) -> Check:
