@@ -100,7 +100,8 @@ class World:
 
     def smi(self, cmd: list) -> tuple:
         """nvidia-smi: each GPU holds 61440 MiB while the trainer runs, plus what the holders hold."""
-        running = bool(self.job_pids())
+        pids = self.job_pids()  # read once: the job may exit between two reads
+        running = bool(pids)
         if cmd[1].startswith("--query-gpu="):
             lines = []
             for index, gpu_uuid in enumerate(UUIDS):
@@ -109,7 +110,7 @@ class World:
             return 0, "\n".join(lines) + "\n", ""
         apps = [f"{pid}, {name}, {mib}, {UUIDS[0]}" for pid, name, mib in self.holders]
         if running:
-            apps += [f"{self.job_pids()[0]}, python3, 61440, {gpu_uuid}" for gpu_uuid in UUIDS]
+            apps += [f"{pids[0]}, python3, 61440, {gpu_uuid}" for gpu_uuid in UUIDS]
         return 0, "\n".join(apps) + ("\n" if apps else ""), ""
 
     def cleanup(self) -> None:
