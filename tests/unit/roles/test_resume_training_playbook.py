@@ -97,7 +97,11 @@ class Controller:
         record = {"outcome": "stopped", "run_id": "20261201T100000Z-4242", "started_at": now, "stopped_at": now,
                   "msg": "Stopped", "checkpoint": entry(step), "previous_checkpoint": entry(previous),
                   "last_logged_step": step or previous, "forced": forced, "work_lost": None, "host": "ct200",
-                  "job": {"selector": {"cmdline_match": [self.trainer]}, "processes": []}}
+                  "job": {"selector": {"cmdline_match": [self.trainer]},
+                          "processes": [{"pid": 4242, "ppid": 4240, "sid": 4240, "pgid": 4240, "matched_by": "selected",
+                                         "cmdline": f"python3 -u {self.trainer} --gpus 0,1"},
+                                        {"pid": 4243, "ppid": 4242, "sid": 4240, "pgid": 4240,
+                                         "matched_by": "descendant", "cmdline": "pt_data_worker"}]}}
         (self.state / "ct200").mkdir(parents=True, exist_ok=True)
         (self.state / "ct200" / "last-stop.json").write_text(json.dumps(record, indent=2) + "\n")
 
@@ -182,6 +186,7 @@ def test_preview_then_resume_then_a_second_run_that_changes_nothing(controller):
     assert findings["started"] is True
     assert findings["resumed_from"].startswith("confirmed by the stop of run 20261201T100000Z-4242")
     assert findings["gpus_mib"] and min(findings["gpus_mib"]) >= 4096
+    assert findings["stopped_job"] == [f"python3 -u {controller.trainer} --gpus 0,1"]
     last = json.loads((controller.state / "ct200" / "last-resume.json").read_text())
     assert (last["outcome"], last["checkpoint"]["step"], last["first_step"]) == ("training", 40, 41)
     markdown = sorted(controller.artifacts.glob("resume_training-2*.md"))[-1].read_text()
