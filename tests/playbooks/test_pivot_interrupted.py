@@ -172,7 +172,8 @@ def test_ctrl_c_after_sigterm_lets_the_stop_finish_and_the_next_run_records_it(
 
     [record] = stopwatch.wait_until(stopped, GRACE_PERIOD_S + 60, "finished stop on ct200")
     stopwatch.wait_until(lambda: not stopwatch.stop_processes(), 20, "end of the stop's processes")
-    assert record["finished_unattended"] is True and record["sigkill_needed"] is True
+    # (the torchrun agent SIGKILLs the workers that ignore SIGTERM after its own 30 s, within the grace period)
+    assert record["finished_unattended"] is True and record["committed_at"] is not None
     assert sorted(p["pid"] for p in record["job"]["processes"]) == sorted(job.pids - {_run_sh(job)})
     training_after = pivotlab.training_state()
     assert training_after.pids == set(), f"the stop did not finish the job: {training_after.processes}"
