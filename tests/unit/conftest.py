@@ -51,6 +51,7 @@ def _make_collection_importable() -> None:
 
 _make_collection_importable()
 
+from ansible.module_utils import _internal as module_utils_internal  # noqa: E402
 from ansible.module_utils import basic  # noqa: E402
 from ansible.module_utils.common import warnings as ansible_warnings  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
@@ -81,6 +82,9 @@ def run_module(monkeypatch):
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
     monkeypatch.setattr(ansible_warnings, "_global_warnings", {})
+    # A module runs on the target: once a test imported controller code (a callback plugin), ansible would send the
+    # module's warnings to the controller's display instead of the result.
+    monkeypatch.setattr(module_utils_internal, "is_controller", False)
 
     def run(main, args: dict, check_mode: bool = False, diff: bool = False) -> dict:
         full_args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
