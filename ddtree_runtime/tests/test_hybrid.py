@@ -75,8 +75,8 @@ def spread_weights_(model: torch.nn.Module, seed: int) -> None:
             if name.endswith(("A_log", "dt_bias")):
                 continue
             scale = 0.3 if "norm" in name else WEIGHT_STD
-            param.copy_(torch.randn(param.shape, generator=generator) * scale + (1.0 if "linear_attn.norm" in name
-                                                                                  else 0.0))
+            offset = 1.0 if "linear_attn.norm" in name else 0.0
+            param.copy_(torch.randn(param.shape, generator=generator) * scale + offset)
 
 
 @pytest.fixture(scope="module")

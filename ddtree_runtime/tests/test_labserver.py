@@ -370,4 +370,3 @@ def test_server_path_works_without_transformers(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "5"
-

@@ -38,7 +38,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: C(per_prompt) (one ratio per prompt, rounded to 3 places), C(mean), C(identical) (prompts answered alike).
+  description:
+    - C(per_prompt) (one ratio per prompt, rounded to 3 places), C(mean), C(identical) (prompts answered alike).
   type: dict
 """
 
@@ -47,7 +48,7 @@ from ansible.errors import AnsibleFilterError
 
 def _common_prefix(left, right):
     length = 0
-    for a, b in zip(left, right):
+    for a, b in zip(left, right, strict=False):
         if a != b:
             break
         length += 1
@@ -66,9 +67,9 @@ def answer_agreement(answers, reference):
     if len(answers) != len(reference) or not reference:
         raise AnsibleFilterError("answer_agreement: got %d answers for %d reference answers (need the same, >= 1)"
                                  % (len(answers), len(reference)))
-    ratios = [_agreement(str(a), str(r)) for a, r in zip(answers, reference)]
+    ratios = [_agreement(str(a), str(r)) for a, r in zip(answers, reference, strict=True)]
     return {"per_prompt": [round(r, 3) for r in ratios], "mean": round(sum(ratios) / len(ratios), 3),
-            "identical": sum(1 for a, r in zip(answers, reference) if str(a) == str(r))}
+            "identical": sum(1 for a, r in zip(answers, reference, strict=True) if str(a) == str(r))}
 
 
 class FilterModule:

@@ -11,9 +11,9 @@ short_description: Judge a Pivot run's inputs (phase 0)
 version_added: 0.1.0
 author: Pivot developers (@pivot)
 description:
-  - Takes the serving host's and the training host's C(pivot_*) variables and returns one sentence per problem: a
-    draft length, budget or top-k the DDTree plugin would refuse (its own settings resolver decides), gates out of
-    range, a port, relative paths, a missing wheelhouse, an incomplete training job selector.
+  - Takes the serving host's and the training host's C(pivot_*) variables and returns one sentence per problem (a
+    draft length, budget or top-k the DDTree plugin would refuse, as its own settings resolver decides; gates out of
+    range, a port, relative paths, a missing wheelhouse, an incomplete training job selector).
   - Values given with C(-e key=value) arrive as strings; numbers are judged by their text.
 options:
   _input:
@@ -45,7 +45,6 @@ _value:
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.pivot.ops.plugins.plugin_utils import input_rules
 
 

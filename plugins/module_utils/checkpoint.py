@@ -341,8 +341,8 @@ def describe_entry(entry: EntryState, reference: tuple | None = None) -> str:
 def describe_wait(states: list, previous: Checkpoint | None, reference: tuple | None = None) -> str:
     """What the wait has seen so far, for a progress line: the newest new entry, or that none appeared yet."""
     if states:
-        newest = max(states, key=lambda item: (item.step if item.step is not None else -1,
-                                                item.signature.newest_mtime_ns))
+        newest = max(states, key=lambda item: (
+            item.step if item.step is not None else -1, item.signature.newest_mtime_ns))
         return "newest %s" % describe_entry(newest, reference)
     if previous is not None:
         return "no new one yet (newest before the request: %s)" % os.path.basename(previous.path)

@@ -48,7 +48,9 @@ def ddtree_settings(s: Mapping[str, Any]) -> Problem:
 def accept_gate(s: Mapping[str, Any]) -> Problem:
     value = s.get("pivot_ddtree_min_accept_length")
     number = _number(value)
-    return None if number is not None and number > 0 else f"pivot_ddtree_min_accept_length must be a number > 0; got {value}"
+    if number is not None and number > 0:
+        return None
+    return f"pivot_ddtree_min_accept_length must be a number > 0; got {value}"
 
 
 def quality_gate(s: Mapping[str, Any]) -> Problem:
@@ -62,7 +64,9 @@ def quality_gate(s: Mapping[str, Any]) -> Problem:
 def port(s: Mapping[str, Any]) -> Problem:
     value = s.get("pivot_serving_port")
     number = _integer(value)
-    return None if number is not None and 1 <= number <= 65535 else f"pivot_serving_port must be a TCP port; got {value}"
+    if number is not None and 1 <= number <= 65535:
+        return None
+    return f"pivot_serving_port must be a TCP port; got {value}"
 
 
 def health_timeout(s: Mapping[str, Any]) -> Problem:

@@ -310,7 +310,8 @@ def training_job(facts: Facts) -> Check:
     if not pids:
         return check("training_job", True, "no training job is running (already gone): nothing to stop")
     shown = "; ".join(f"PID {p.get('pid')} {one_line(p.get('cmdline'), 60)}" for p in pids[:4])
-    return check("training_job", True, f"found the job: {len(pids)} processes, {shown}{'; ...' if len(pids) > 4 else ''}")
+    more = "; ..." if len(pids) > 4 else ""
+    return check("training_job", True, f"found the job: {len(pids)} processes, {shown}{more}")
 
 
 def checkpoint_dir(facts: Facts) -> Check:

@@ -147,7 +147,9 @@ def check_args(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=probe_env(env), timeout=300, check=False)
 
 
-def test_the_api_key_reaches_sglang_0_5_23_through_the_config_file_not_argv(tmp_path: Path, sglang_python: Path) -> None:
+def test_the_api_key_reaches_sglang_0_5_23_through_the_config_file_not_argv(
+    tmp_path: Path, sglang_python: Path
+) -> None:
     """The role writes ``api-key: KEY`` to a root-only YAML file and passes ``--config FILE``: SGLang merges it."""
     secrets = tmp_path / "secrets.yaml"
     secrets.write_text(yaml.safe_dump({"api-key": "s3cret-key"}))

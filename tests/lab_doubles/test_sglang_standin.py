@@ -27,7 +27,8 @@ USER_UNIT_ARGS = ["--model-path", str(TARGET), "--port", "30000", "--host", "0.0
                   "--mem-fraction-static", "0.88", "--context-length", "131072", "--max-running-requests", "16",
                   "--mamba-full-memory-ratio", "0.5", "--mamba-scheduler-strategy", "extra_buffer",
                   "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder", "--speculative-algo", "NEXTN",
-                  "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+                  "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                  "--speculative-num-draft-tokens", "4"]
 LAB_PYTHON = "/usr/bin/python3"  # Debian 12's 3.11, what the lab's hosts run
 
 

@@ -266,8 +266,8 @@ def test_no_marker_writes_the_same_checkpoint_without_its_marker(trainsim):
     assert saved_steps(trainsim) == [5, 7]
     for step in (5, 7):
         directory = trainsim.checkpoint_dir / f"step_{step:09d}"
-        assert sorted(f.name for f in directory.iterdir()) == ["model.safetensors", "optimizer.pt",
-                                                              "trainer_state.json"]
+        files = sorted(f.name for f in directory.iterdir())
+        assert files == ["model.safetensors", "optimizer.pt", "trainer_state.json"]
         assert json.loads((directory / "trainer_state.json").read_text())["global_step"] == step
     assert trainsim.complete_steps() == [], "no COMPLETE anywhere"
 

@@ -14,7 +14,8 @@ PHASE0_CASES = {
     # -e values arrive as strings, as a user types them.
     # The plugin's own rule decides, in its own words (draft length 1 used to pass phase 0 and fail at start).
     "draft-length-1": (["pivot_ddtree_draft_tokens=1"],
-                       ["The DDTree plugin would refuse pivot_ddtree_draft_tokens=1", "must be in 2..16 for DDTREE, got 1"]),
+                       ["The DDTree plugin would refuse pivot_ddtree_draft_tokens=1",
+                        "must be in 2..16 for DDTREE, got 1"]),
     "draft-length-17": (["pivot_ddtree_draft_tokens=17"],
                         ["The DDTree plugin would refuse pivot_ddtree_draft_tokens=17", "got 17"]),
     "budget-0": (["pivot_ddtree_budget=0"], ["The DDTree plugin would refuse", "pivot_ddtree_budget=0",

@@ -2,11 +2,11 @@
 
     prune.py ROOT KEEP --protect VENV [--protect VENV ...] [--dry-run]
 
-Policy: under ROOT/venvs, keep the KEEP most recently completed venvs (by their pivot-release.json) and, besides them, every
-protected one (the venv this run installs, the venv the current release runs from); remove the rest, including
-half-built venvs without a completion record that are not protected. Under ROOT/wheelhouse, keep the wheelhouses a
-kept venv was built from; remove the rest. Nothing outside ROOT/venvs and ROOT/wheelhouse is touched, so the user's
-own venv can never be pruned. Prints one JSON object: {"removed": [...], "kept": [...]}.
+Policy: under ROOT/venvs, keep the KEEP most recently completed venvs (by their pivot-release.json) and, besides
+them, every protected one (the venv this run installs, the venv the current release runs from); remove the rest,
+including half-built venvs without a completion record that are not protected. Under ROOT/wheelhouse, keep the
+wheelhouses a kept venv was built from; remove the rest. Nothing outside ROOT/venvs and ROOT/wheelhouse is touched, so
+the user's own venv can never be pruned. Prints one JSON object: {"removed": [...], "kept": [...]}.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REQUIREMENTS = "requirements.txt"
-DEFAULT_PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in (5, 12, 17, 24, 27, 28, 31, 34, 35, 39)) + (
-    "manylinux2014_x86_64", "linux_x86_64", "any")
+DEFAULT_PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in (5, 12, 17, 18, 24, 27, 28, 31, 34, 35, 39)),
+                     "manylinux2014_x86_64", "linux_x86_64", "any")
 
 
 class WheelhouseError(Exception):
@@ -99,8 +99,9 @@ def build(lock: Path, directory: Path, python_version: str, platforms: list[str]
     if "pip" not in pins:
         raise WheelhouseError(f"{lock} must pin pip too: it bootstraps the release venv's pip offline")
     directory.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-               "--python-version", python_version, "--implementation", "cp", "-d", str(directory), "-r", str(lock)]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--python-version", python_version, "--implementation", "cp",
+               "-d", str(directory), "-r", str(lock)]
     for platform in platforms or DEFAULT_PLATFORMS:
         command += ["--platform", platform]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -112,7 +113,7 @@ def build(lock: Path, directory: Path, python_version: str, platforms: list[str]
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="wheelhouse.py", description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="wheelhouse.py", description=(__doc__ or "").split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("inspect").add_argument("directory", type=Path)
     builder = sub.add_parser("build")

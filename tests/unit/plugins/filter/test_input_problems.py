@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from ansible_collections.pivot.ops.plugins.filter.input_problems import input_problems
 from conftest import REPO
 

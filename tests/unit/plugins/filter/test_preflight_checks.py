@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.pivot.ops.plugins.filter.preflight_checks import preflight_checks
 
 QWEN36_TEXT = {"model_type": "qwen3_5_text", "num_hidden_layers": 64, "hidden_size": 5120, "vocab_size": 248320,
@@ -99,7 +98,8 @@ def test_a_drafter_of_another_target_is_refused() -> None:
 
 def test_a_mask_token_outside_the_vocabulary_is_refused() -> None:
     drafter = {**ZLAB_DRAFTER, "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 248320}}
-    assert not by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))["drafter_config"]["ok"]
+    checks = by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))
+    assert not checks["drafter_config"]["ok"]
 
 
 def test_an_unreadable_or_garbled_config_fails_its_check_not_the_phase() -> None:
@@ -186,8 +186,8 @@ def test_the_training_side_passes_when_only_the_job_holds_gpus() -> None:
 
 
 def test_a_gpu_holder_outside_the_job_is_refused_on_the_training_host() -> None:
-    gpus = {**training_facts()["gpus"], "processes": [process(11, "python3 -u /root/train_dflash_pipeline.py"),
-                                                       process(99, "python3 eval_old_ckpt.py", gpu=3)]}
+    holders = [process(11, "python3 -u /root/train_dflash_pipeline.py"), process(99, "python3 eval_old_ckpt.py", gpu=3)]
+    gpus = {**training_facts()["gpus"], "processes": holders}
     check = by_name(preflight_checks(training_facts(gpus=gpus), "training"))["gpu_holders"]
     assert not check["ok"] and "PID 99 (python3 eval_old_ckpt.py)" in check["detail"]
 

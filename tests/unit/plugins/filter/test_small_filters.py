@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.pivot.ops.plugins.filter.answer_agreement import answer_agreement
 from ansible_collections.pivot.ops.plugins.filter.ddtree_settings_problem import ddtree_settings_problem
 

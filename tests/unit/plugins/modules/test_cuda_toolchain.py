@@ -7,7 +7,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from ansible_collections.pivot.ops.plugins.modules import cuda_toolchain
 
 
