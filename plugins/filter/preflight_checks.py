@@ -47,7 +47,6 @@ _value:
 """
 
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.pivot.ops.plugins.plugin_utils import preflight_rules
 
 
