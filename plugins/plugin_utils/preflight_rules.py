@@ -63,6 +63,10 @@ def command_ok(result: Any) -> bool:
 def command_error(result: Any) -> str:
     if not isinstance(result, Mapping):
         return "not run"
+    command = result.get("cmd")
+    if not result.get("stderr") and isinstance(command, list) and command:
+        # the command module's answer when the program itself is missing or not executable
+        return f"cannot run {command[0]}: {one_line(result.get('msg'))}"
     lines = str(result.get("stderr") or result.get("msg") or "").strip().splitlines()
     return one_line(lines[-1] if lines else f"exit status {result.get('rc')}")
 

@@ -143,9 +143,10 @@ def test_a_baseline_venv_without_sglang_is_refused() -> None:
 
 
 def test_a_missing_release_interpreter_is_refused() -> None:
-    missing = {"rc": 2, "msg": "[Errno 2] No such file or directory: b'/usr/bin/python3.12'"}
+    missing = {"rc": 2, "msg": "Error executing command.", "stderr": "", "cmd": ["/usr/bin/python3.12", "-c", "x"]}
     check = by_name(preflight_checks(serving_facts(release_python=missing), "serving"))["release_python"]
     assert not check["ok"] and "pivot_release_python" in check["detail"]
+    assert "cannot run /usr/bin/python3.12: Error executing command." in check["detail"]
 
 
 def test_a_port_held_by_another_program_is_refused() -> None:
