@@ -95,13 +95,15 @@ def post(url: str, body: dict) -> dict:
 
 
 def served_accept_length(tmp_path: Path, drafter: Path, target: Path = SHIPPED_TARGET) -> float:
-    """Serve the pair as the pivot does (DDTree, 16 draft tokens, budget 64, top-8), send the role's greedy
-    smoke request twice and read /server_info's avg_spec_accept_length, like the acceptance gate."""
+    """Serve the pair as the pivot does (DDTree, 16 draft tokens, budget 64, top-8, the qwen3 reasoning parser), send
+    the role's greedy smoke request twice (128 tokens, thinking turned off) and read /server_info's
+    avg_spec_accept_length, like the acceptance gate."""
     env = {**os.environ, "DDTREE_BUDGET": "64", "DDTREE_TOPK": "8", "DDTREE_LAB_TORCH_THREADS": "1"}
     argv = [
         sys.executable, "-m", "ddtree_runtime.labserver", "--host", "127.0.0.1", "--port", "0",
         "--model-path", str(target), "--speculative-algorithm", "DDTREE",
         "--speculative-draft-model-path", str(drafter), "--speculative-num-draft-tokens", "16",
+        "--reasoning-parser", "qwen3",
     ]  # fmt: skip
     process = subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
@@ -117,7 +119,8 @@ def served_accept_length(tmp_path: Path, drafter: Path, target: Path = SHIPPED_T
         port = re.search(r"listening on 127\.0\.0\.1:(\d+)", "".join(log))
         assert port, "".join(log)
         base = f"http://127.0.0.1:{port.group(1)}"
-        body = {"messages": [{"role": "user", "content": SMOKE_REQUEST}], "temperature": 0, "max_tokens": 48}
+        body = {"messages": [{"role": "user", "content": SMOKE_REQUEST}], "temperature": 0, "max_tokens": 128,
+                "chat_template_kwargs": {"enable_thinking": False}}
         answers = [post(base + "/v1/chat/completions", body)["choices"][0]["message"]["content"] for _i in range(2)]
         assert answers[0] and answers[0] == answers[1]
         with urllib.request.urlopen(base + "/server_info", timeout=30) as response:
