@@ -26,8 +26,8 @@ from ddtree_runtime.eval.backends import (
 from ddtree_runtime.eval.report import headline_table, markdown, per_prompt_table
 from ddtree_runtime.eval.runner import build_specs, evaluate
 from ddtree_runtime.eval.tasks import CODING_TASKS, HELD_OUT_PROMPTS, EvalPrompt, load_prompts
-from ddtree_runtime.labserver.models import chat_prompt
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.tokenizer import chat_prompt
 
 SMOKE_REQUEST = "Write a Python function fizzbuzz(n) that returns the FizzBuzz sequence up to n."
 

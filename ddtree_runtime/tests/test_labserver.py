@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from ddtree_runtime.labserver.cli import TreeKnobs, parse_args, tree_knobs_from_env
 from ddtree_runtime.labserver.engine import plan_decoding
-from ddtree_runtime.labserver.models import ByteTokenizer, chat_prompt, resolve_target_dir
+from ddtree_runtime.labserver.models import resolve_target_dir
 from ddtree_runtime.labserver.server import proc_starttime, split_reasoning
+from ddtree_runtime.tokenizer import ByteTokenizer, chat_prompt
 
 PRODUCTION = (
     "--model-path /root/models/Qwen3.6-27B --port 30000 --host 0.0.0.0 --tp-size 2 --mem-fraction-static 0.88 "

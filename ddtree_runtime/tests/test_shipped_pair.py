@@ -17,10 +17,10 @@ import pytest
 from ddtree_runtime.eval.backends import SHIPPED_DRAFTER, SHIPPED_MODELS, SHIPPED_TARGET, ReferenceBackend, RunSpec
 from ddtree_runtime.eval.runner import evaluate
 from ddtree_runtime.eval.tasks import CODING_TASKS, HELD_OUT_PROMPTS, load_prompts
-from ddtree_runtime.labserver.models import SPECIAL_TOKENS
 from ddtree_runtime.model_layout import pair_problem
 from ddtree_runtime.reference import load_dflash, load_qwen3
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.tokenizer import SPECIAL_TOKENS
 from ddtree_runtime.train.__main__ import main as train_main
 from ddtree_runtime.train.pair import verify_checksums
 

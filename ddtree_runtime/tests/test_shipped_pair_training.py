@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_decoder
-from ddtree_runtime.labserver.models import ByteTokenizer
 from ddtree_runtime.reference import SpeculativeDecoder, load_dflash, load_qwen3
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.tokenizer import ByteTokenizer
 from ddtree_runtime.train.__main__ import main as train_main
 from ddtree_runtime.train.corpus import (
     SourceFile,

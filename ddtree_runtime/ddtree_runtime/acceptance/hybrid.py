@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from ddtree_runtime.labserver.models import LAB_BLOCK_SIZE, LAB_VOCAB, SPECIAL_TOKENS, ByteTokenizer
 from ddtree_runtime.reference.dflash import DFlashConfig, random_dflash, save_dflash
+from ddtree_runtime.sglang.config import MAX_DRAFT_TOKENS
+from ddtree_runtime.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, ByteTokenizer
 
 HYBRID_LAYERS = 8
 """Layers of the random target: twice ``linear_attention`` x 3, then ``full_attention`` (Qwen3.6's interval of 4)."""
@@ -27,7 +28,7 @@ HYBRID_LAYERS = 8
 FULL_ATTENTION_INTERVAL = 4
 
 HYBRID_TEXT_CONFIG: dict[str, Any] = {
-    "vocab_size": LAB_VOCAB,
+    "vocab_size": VOCAB_SIZE,
     "hidden_size": 256,
     "intermediate_size": 512,
     "num_hidden_layers": HYBRID_LAYERS,
@@ -87,7 +88,7 @@ def hybrid_drafter_config() -> DFlashConfig:
         num_attention_heads=text["num_attention_heads"],
         num_key_value_heads=text["num_key_value_heads"],
         head_dim=text["head_dim"],
-        block_size=LAB_BLOCK_SIZE,
+        block_size=MAX_DRAFT_TOKENS,
         target_layer_ids=HYBRID_DRAFTER_TARGET_LAYERS,
         mask_token_id=SPECIAL_TOKENS["<|mask|>"],
         max_position_embeddings=text["max_position_embeddings"],

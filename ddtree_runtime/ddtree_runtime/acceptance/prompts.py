@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_runtime.eval.tasks import CODING_TASKS, HELD_OUT_PROMPTS, load_prompt_file
-from ddtree_runtime.labserver.models import ByteTokenizer
+from ddtree_runtime.tokenizer import ByteTokenizer
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 TARGET_DIR = MODELS_DIR / "pivot-coder-tiny"

@@ -15,9 +15,10 @@ from pathlib import Path
 from ddtree_runtime.acceptance.launch import ServerError, ServerSpec, generate, start_server
 from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS
 from ddtree_runtime.eval.tasks import CODING_TASKS
-from ddtree_runtime.labserver.models import LAB_BLOCK_SIZE, LAB_VOCAB, SPECIAL_TOKENS, ByteTokenizer
 from ddtree_runtime.reference.dflash import DFlashConfig, random_dflash, save_dflash
 from ddtree_runtime.reference.qwen3 import Qwen3Config, random_qwen3, save_qwen3
+from ddtree_runtime.sglang.config import MAX_DRAFT_TOKENS
+from ddtree_runtime.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, ByteTokenizer
 
 SMOKE_BUDGET = 16
 
@@ -25,11 +26,11 @@ SMOKE_BUDGET = 16
 def write_random_dense_pair(root: Path) -> tuple[Path, Path]:
     """A random Qwen3 target and DFlash drafter under ``root`` (head_dim 64: SGLang's bf16 drafter kernels need
     head_dim / 2 to be a power of two; three target layers: SGLang cannot capture the last one for the drafter)."""
-    target = Qwen3Config(vocab_size=LAB_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+    target = Qwen3Config(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
                          eos_token_id=sorted(ByteTokenizer.eos_token_ids))
-    drafter = DFlashConfig(vocab_size=LAB_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=64, block_size=LAB_BLOCK_SIZE,
+    drafter = DFlashConfig(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=64, block_size=MAX_DRAFT_TOKENS,
                            target_layer_ids=[0, 1], mask_token_id=SPECIAL_TOKENS["<|mask|>"],
                            max_position_embeddings=4096)
     target_dir, drafter_dir = root / "target", root / "dflash"
@@ -50,7 +51,7 @@ def ddtree_start(python: str, timeout: float = 600.0) -> StartResult:
         root = Path(scratch)
         target, drafter = write_random_dense_pair(root / "models")
         spec = ServerSpec("check-ddtree", target, algorithm="DDTREE", draft_model_path=drafter,
-                          draft_tokens=LAB_BLOCK_SIZE, budget=SMOKE_BUDGET)
+                          draft_tokens=MAX_DRAFT_TOKENS, budget=SMOKE_BUDGET)
         server = start_server(spec, python, root)
         try:
             ready = server.wait_healthy(timeout)

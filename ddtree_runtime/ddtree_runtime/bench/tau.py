@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from ddtree_runtime.labserver.models import ByteTokenizer, chat_prompt, resolve_drafter_dir, resolve_target_dir
+from ddtree_runtime.labserver.models import resolve_drafter_dir, resolve_target_dir
 from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash
 from ddtree_runtime.reference.target import load_target
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.tokenizer import ByteTokenizer, chat_prompt
 
 PROMPTS = [
     "Explain speculative decoding in one paragraph.",

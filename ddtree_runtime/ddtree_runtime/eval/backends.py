@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from ddtree_runtime.labserver.models import load_tokenizer
 from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash, load_target
 from ddtree_runtime.reference.decoding import Method
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.tokenizer import load_tokenizer
 
 SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "models"
 SHIPPED_TARGET = SHIPPED_MODELS / "pivot-coder-tiny"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddtree_runtime.labserver.models import chat_prompt
+from ddtree_runtime.tokenizer import chat_prompt
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 HELD_OUT_PROMPTS = PROMPTS_DIR / "stdlib-heldout.jsonl"

@@ -13,10 +13,11 @@ from typing import Any
 import torch
 
 from ddtree_runtime.labserver.cli import TreeKnobs, reported_algorithm
-from ddtree_runtime.labserver.models import load_tokenizer, resolve_drafter_dir, resolve_target_dir
+from ddtree_runtime.labserver.models import resolve_drafter_dir, resolve_target_dir
 from ddtree_runtime.reference import DFlashDrafter, GenerationResult, SpeculativeDecoder, load_dflash, load_target
 from ddtree_runtime.reference.decoding import Method
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.tokenizer import load_tokenizer
 
 log = logging.getLogger("ddtree_runtime.labserver")
 

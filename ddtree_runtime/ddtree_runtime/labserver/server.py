@@ -33,9 +33,9 @@ import torch
 from ddtree_runtime import __version__
 from ddtree_runtime.labserver.cli import parse_args, tree_knobs_from_env
 from ddtree_runtime.labserver.engine import LabEngine
-from ddtree_runtime.labserver.models import chat_prompt, thinking_suffix
 from ddtree_runtime.reference import GenerationResult
 from ddtree_runtime.sampling import SamplingParams
+from ddtree_runtime.tokenizer import chat_prompt, thinking_suffix
 
 log = logging.getLogger("ddtree_runtime.labserver")
 

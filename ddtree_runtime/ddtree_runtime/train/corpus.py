@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ddtree_runtime.labserver.models import SPECIAL_TOKENS, chat_prompt
+from ddtree_runtime.tokenizer import SPECIAL_TOKENS, chat_prompt
 
 END_OF_TEXT = SPECIAL_TOKENS["<|endoftext|>"]
 IM_END = SPECIAL_TOKENS["<|im_end|>"]

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from ddtree_runtime.acceptance.hybrid import HYBRID_TEXT_CONFIG, HYBRID_VISION_CONFIG, HYBRID_VISION_TOKENS
-from ddtree_runtime.labserver.models import LAB_VOCAB, SPECIAL_TOKENS, ByteTokenizer
 from ddtree_runtime.model_layout import hybrid_layer_types
 from ddtree_runtime.reference import (
     DFlashConfig,
@@ -24,6 +23,7 @@ from ddtree_runtime.reference import (
     save_dflash,
     save_target,
 )
+from ddtree_runtime.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, ByteTokenizer
 
 PAIR_NAME = "pivot-coder-tiny"
 HYBRID_PAIR_NAME = "pivot-coder-tiny-hybrid"
@@ -89,7 +89,7 @@ def target_config(shape: PairShape) -> Qwen3Config | Qwen35TextConfig:
     if isinstance(shape, HybridShape):
         return hybrid_target_config(shape)
     return Qwen3Config(
-        vocab_size=LAB_VOCAB,
+        vocab_size=VOCAB_SIZE,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.target_layers,
@@ -106,7 +106,7 @@ def hybrid_target_config(shape: HybridShape) -> Qwen35TextConfig:
     layers = {"num_hidden_layers": shape.target_layers, "full_attention_interval": shape.full_attention_interval}
     rope = HYBRID_TEXT_CONFIG["rope_parameters"]
     return Qwen35TextConfig(
-        vocab_size=LAB_VOCAB,
+        vocab_size=VOCAB_SIZE,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.target_layers,
@@ -147,7 +147,7 @@ def random_vision_tower(vision_config: dict[str, Any], seed: int) -> dict[str, t
 
 def drafter_config(shape: PairShape) -> DFlashConfig:
     return DFlashConfig(
-        vocab_size=LAB_VOCAB,
+        vocab_size=VOCAB_SIZE,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.drafter_layers,
