@@ -223,7 +223,7 @@ seealso:
 EXAMPLES = r"""
 - name: Resume from the checkpoint the stop confirmed, under run.sh, and wait until it trains
   pivot.ops.training_resume:
-    checkpoint: /root/train/checkpoints/step_000005400
+    checkpoint: /data/dflash/checkpoints/step_000005400
     checkpoint_size_bytes: 1048576
     checkpoint_marker: COMPLETE
     checkpoint_glob: step_*
@@ -249,7 +249,7 @@ EXAMPLES = r"""
 
 - name: Preview the resume
   pivot.ops.training_resume:
-    checkpoint: /root/train/checkpoints/step_000005400
+    checkpoint: /data/dflash/checkpoints/step_000005400
     command: [/root/run.sh, --resume, "{checkpoint}"]
     job:
       cmdline_match: [train_dflash_pipeline.py]
@@ -263,7 +263,7 @@ msg:
   description: What happened, in one sentence.
   returned: always
   type: str
-  sample: "Started the training job from checkpoint /root/train/checkpoints/step_000005400 (step 5400): PID 4242;
+  sample: "Started the training job from checkpoint /data/dflash/checkpoints/step_000005400 (step 5400): PID 4242;
     9 processes, step 5403 logged, GPUs in use 8 of 8."
 launched:
   description:
@@ -288,13 +288,13 @@ checkpoint:
     step:
       description: Its step; null when unknown.
       type: int
-  sample: {path: /root/train/checkpoints/step_000005400, step: 5400}
+  sample: {path: /data/dflash/checkpoints/step_000005400, step: 5400}
 command:
   description: The job's command line with the placeholders replaced.
   returned: always
   type: list
   elements: str
-  sample: [/root/run.sh, --resume, /root/train/checkpoints/step_000005400]
+  sample: [/root/run.sh, --resume, /data/dflash/checkpoints/step_000005400]
 launch_command:
   description: What was (or would be) run to start it, with the launcher.
   returned: always
@@ -311,7 +311,7 @@ processes:
   returned: always
   type: list
   elements: dict
-  sample: [{pid: 4242, ppid: 1, cmdline: "bash /root/run.sh --resume /root/train/checkpoints/step_000005400"}]
+  sample: [{pid: 4242, ppid: 1, cmdline: "bash /root/run.sh --resume /data/dflash/checkpoints/step_000005400"}]
 first_step:
   description: The first step logged since the start; null when none.
   returned: always
@@ -344,12 +344,12 @@ newer_checkpoints:
   returned: when there are any
   type: list
   elements: str
-  sample: [/root/train/checkpoints/step_000006000]
+  sample: [/data/dflash/checkpoints/step_000006000]
 output_tail:
   description: The end of the job's output when it exited or did not resume.
   returned: when the job exited or did not resume
   type: str
-  sample: "error: cannot resume from /root/train/checkpoints/step_000005400: it is not a complete checkpoint"
+  sample: "error: cannot resume from /data/dflash/checkpoints/step_000005400: it is not a complete checkpoint"
 host_record:
   description: The record of the started job on the host (C(<state_dir>/resume.json)); null when nothing was started.
   returned: always

@@ -270,7 +270,7 @@ EXAMPLES = r"""
       - TORCHELASTIC_RUN_ID
     checkpoint:
       request: signal
-      path: /root/train/checkpoints
+      path: /data/dflash/checkpoints
       glob: step_*
       marker: COMPLETE
       timeout: 900
@@ -290,7 +290,7 @@ EXAMPLES = r"""
     checkpoint:
       request: file
       trigger_file: /root/train/SAVE_NOW
-      path: /root/train/checkpoints
+      path: /data/dflash/checkpoints
       glob: checkpoint-*
       settle_seconds: 45       # no marker: complete once unchanged for 45 s, nothing open for writing
 
@@ -392,7 +392,7 @@ checkpoint:
     completed_at:
       description: UTC time the checkpoint was confirmed complete (ISO 8601).
       type: str
-  sample: {path: /root/train/checkpoints/step_5400, step: 5400, size_bytes: 1048576,
+  sample: {path: /data/dflash/checkpoints/step_5400, step: 5400, size_bytes: 1048576,
            requested_at: "2026-11-30T15:34:01Z", completed_at: "2026-11-30T15:35:12Z"}
 previous_checkpoint:
   description: The best complete checkpoint that existed before the request (highest step); what a forced stop
@@ -406,7 +406,7 @@ previous_checkpoint:
     step:
       description: Its step; null when unknown.
       type: int
-  sample: {path: /root/train/checkpoints/step_4000, step: 4000}
+  sample: {path: /data/dflash/checkpoints/step_4000, step: 4000}
 forced:
   description: Present and true when O(force=true) overrode a checkpoint that could not be requested or did not land.
   returned: when the stop was forced
@@ -432,7 +432,7 @@ work_lost:
     steps_lost:
       description: RV(last_step) minus the checkpoint's step; null when either is unknown.
       type: int
-  sample: {reason: "No new complete checkpoint ...", last_checkpoint: /root/train/checkpoints/step_4000,
+  sample: {reason: "No new complete checkpoint ...", last_checkpoint: /data/dflash/checkpoints/step_4000,
            last_checkpoint_step: 4000, last_logged_step: 5381, steps_lost: 1381}
 last_step:
   description: The last training step found in the tail of O(log_file); null without a log file or a match.

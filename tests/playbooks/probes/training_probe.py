@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-CHECKPOINTS = Path("/root/train/checkpoints")
+CHECKPOINTS = Path("/data/dflash/checkpoints")
 LOG = Path("/root/train/train.log")
 LOCK = Path("/run/pivot/pivot.lock")
 JOB_ARGS = ("train_dflash_pipeline.py", "/opt/trainsim/run.sh")
@@ -48,7 +48,9 @@ def job_processes() -> list[dict]:
 def checkpoints() -> dict[str, bool]:
     if not CHECKPOINTS.is_dir():
         return {}
-    return {entry.name: (entry / "COMPLETE").is_file() for entry in sorted(CHECKPOINTS.iterdir()) if entry.is_dir()}
+    # complete as the trainer counts it: its marker, or (--no-marker) trainer_state.json, which it writes last
+    return {entry.name: (entry / "COMPLETE").is_file() or (entry / "trainer_state.json").is_file()
+            for entry in sorted(CHECKPOINTS.iterdir()) if entry.is_dir()}
 
 
 def log_text() -> str:

@@ -22,11 +22,15 @@ def serving(**changes: Any) -> dict[str, Any]:
 
 
 def training(**changes: Any) -> dict[str, Any]:
-    return {**production("all"), **production("training"), **changes}
+    # The example leaves the trainer's log file for the user to fill in (a placeholder phase 0 refuses).
+    return {**production("all"), **production("training"), "pivot_training_log_file": "/root/train.log", **changes}
 
 
-def test_the_production_example_has_no_problem() -> None:
+def test_the_production_example_has_no_problem_once_its_placeholder_is_filled() -> None:
     assert input_problems(serving(), training()) == []
+    shipped = {**production("all"), **production("training")}
+    assert input_problems(serving(), shipped) == [
+        "pivot_training_log_file must be an absolute path on the training host; got <TRAINING_LOG_FILE>"]
 
 
 @pytest.mark.parametrize(("changes", "fragment"), [
