@@ -246,7 +246,7 @@ def test_check_mode_reports_the_plan_and_sends_nothing(start_job: StartJob) -> N
     assert {entry["pid"] for entry in stopped["pids"]} == {info["pid"] for info in before}
     planned = stopped["planned"]
     assert planned[0] == f"send SIGUSR1 to 1 process(es): {trainer['pid']}"
-    assert f"wait up to 10s for a new complete checkpoint {job.checkpoint_dir}/step_*" in planned
+    assert f"wait up to 10s for a new complete checkpoint {job.checkpoint_dir}/step_* (marker COMPLETE)" in planned
     assert planned[-1].startswith("SIGTERM 2 process(es)")
     assert f"{job.pid} {command_of(job.pid, before)}\n" in stopped["diff"]["before"]
     assert stopped["signals"] == []

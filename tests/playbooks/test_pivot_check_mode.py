@@ -11,7 +11,7 @@ import pytest
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
 WOULD_SWITCH_TASK = "pivot.ops.sglang_release : Report the switch check mode would make"
-WOULD_STOP_TASK = "pivot.ops.stop_training : Checkpoint and stop the training job"
+WOULD_STOP_TASK = "pivot.ops.stop_training : Start the stop on the training host"
 # Announced only on a host whose running unit has not been recorded as the baseline yet.
 WOULD_RECORD_TASK = "pivot.ops.sglang_release : Report the baseline check mode would record"
 WOULD_BUILD_TASK = "pivot.ops.release_venv : Report the venv check mode would build"

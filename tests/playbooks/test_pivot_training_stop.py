@@ -71,7 +71,7 @@ SLOW_CHECKPOINT_S = 50
 PROGRESS_EVERY_S = 30
 CHECKPOINT_PROGRESS = re.compile(
     r"^waiting for a complete checkpoint newer than the request: (?P<waited>\d+) s of (?P<timeout>\d+), "
-    r"(?P<seen>no new one yet.*|newest step_\d{9} \((?P<state>[^,]+), [\d.]+ (?:B|KiB|MiB|GiB)\))$"
+    r"(?P<seen>no new one yet.*|newest step_\d{9} \((?P<state>.+), [\d.]+ (?:B|KiB|MiB|GiB)\))$"
 )
 STOP_DONE = r"TASK \[pivot\.ops\.stop_training : Publish what the stop found\]"
 

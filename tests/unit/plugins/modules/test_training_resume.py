@@ -168,6 +168,7 @@ def test_resumes_from_the_checkpoint_and_waits_until_it_trains(run_module, world
 
 
 def test_the_job_outlives_the_module_in_a_session_of_its_own(run_module, world):
+    handler_before = signal.getsignal(signal.SIGHUP)
     result = run_module(training_resume.main, world.args())
     assert result["failed"] is False, result["msg"]
     with open(f"/proc/{result['pid']}/stat") as handle:
@@ -176,7 +177,7 @@ def test_the_job_outlives_the_module_in_a_session_of_its_own(run_module, world):
     with open(f"/proc/{result['pid']}/status") as handle:
         ignored = int(next(line for line in handle if line.startswith("SigIgn:")).split()[1], 16)
     assert ignored & (1 << (signal.SIGHUP - 1))
-    assert signal.getsignal(signal.SIGHUP) != signal.SIG_IGN  # the module's own handler is back
+    assert signal.getsignal(signal.SIGHUP) == handler_before  # the module's own handler is back
 
 
 def test_a_second_run_finds_the_job_it_started_and_changes_nothing(run_module, world):
