@@ -67,7 +67,7 @@ def test_checkpoint_that_never_lands_leaves_the_job_running(
 
 # --- progress ------------------------------------------------------------------------------------------------------
 
-SLOW_CHECKPOINT_S = 50
+SLOW_CHECKPOINT_S = 40
 PROGRESS_EVERY_S = 30
 CHECKPOINT_PROGRESS = re.compile(
     r"^waiting for a complete checkpoint newer than the request: (?P<waited>\d+) s of (?P<timeout>\d+), "
@@ -77,7 +77,7 @@ STOP_DONE = r"TASK \[pivot\.ops\.stop_training : Publish what the stop found\]"
 
 
 def test_a_slow_checkpoint_prints_progress_at_least_every_30_s(training: Callable[..., pivotlab.Training]) -> None:
-    """A 50 s save: the default output (pivot.ops.progress, 15 s between lines of one stage) says what the stop waits
+    """A 40 s save: the default output (pivot.ops.progress, 15 s between lines of one stage) says what the stop waits
     for, how long it has waited and what it sees, while it waits. The run is ended once the stop is done: the serving
     side is not what this test is about."""
     training("--checkpoint-seconds", str(SLOW_CHECKPOINT_S))
