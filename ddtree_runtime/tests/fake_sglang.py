@@ -9,7 +9,16 @@ verdicts and reports can be tested without a GPU. Behaviour (environment):
   ``FAKE_SGLANG_MESSAGE`` and exits 1);
 - ``FAKE_SGLANG_DIVERGE``: an algorithm name whose greedy output differs from the baseline's on the first prompt;
 - ``FAKE_SGLANG_CHILD_PID_FILE``: serve mode starts a child in its session and writes its PID there (the suite
-  must stop it with the server).
+  must stop it with the server);
+- ``FAKE_SGLANG_EOS_AFTER``: greedy requests without ``ignore_eos`` end after this many tokens, as if the model had
+  emitted its EOS there (``ignore_eos`` decodes to ``max_new_tokens``, as in SGLang);
+- ``FAKE_SGLANG_FAIL_BATCH`` / ``FAKE_SGLANG_FAIL_MAX_NEW_TOKENS``: a ``/generate`` call with this many prompts / this
+  ``max_new_tokens`` is answered with HTTP 500.
+
+Every ``/generate`` call takes time like a server decoding: :func:`round_seconds` per decode round of its longest
+answer (a token for the baseline, a verify round of ``ceil(tokens / ACCEPT)`` for the speculative algorithms, whose
+rounds cost more with a larger DDTREE budget). ``meta_info`` carries ``completion_tokens`` and, on speculative
+servers, ``spec_verify_ct``, as SGLang's does.
 """
 
 from __future__ import annotations
@@ -30,6 +39,22 @@ def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
 
+def env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return None if value is None else int(value)
+
+
+def round_seconds(algorithm: str | None, budget: int) -> float:
+    """Seconds one decode round takes: 1 ms a baseline token, 2 ms a DFLASH round, more with a DDTREE budget."""
+    if algorithm is None:
+        return 0.001
+    return 0.002 + (0.00002 * budget if algorithm == "DDTREE" else 0.0)
+
+
+def decode_rounds(tokens: int, algorithm: str | None) -> int:
+    return -(-tokens // ACCEPT[algorithm])
+
+
 def greedy(ids: list[int], count: int, stop: set[int], diverge: bool) -> list[int]:
     out = []
     for i in range(count):
@@ -45,29 +70,43 @@ def greedy(ids: list[int], count: int, stop: set[int], diverge: bool) -> list[in
 def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> list[dict[str, Any]]:
     params = body.get("sampling_params", {})
     count = int(params.get("max_new_tokens", 16))
-    stop = set(params.get("stop_token_ids") or [])
+    ignore_eos = bool(params.get("ignore_eos", False))
+    stop = set() if ignore_eos else set(params.get("stop_token_ids") or [])
+    eos_after = None if ignore_eos else env_int("FAKE_SGLANG_EOS_AFTER")
     answers = []
     for index, ids in enumerate(body["input_ids"]):
         if float(params.get("temperature", 0.0)) > 0:
             tokens = [rng.choices(range(10), weights=range(1, 11))[0] for _unused in range(count)]
         else:
             diverge = index == 0 and os.environ.get("FAKE_SGLANG_DIVERGE") == algorithm and algorithm is not None
-            tokens = greedy(ids, count, stop, diverge)
+            tokens = greedy(ids, count if eos_after is None else min(count, eos_after), stop, diverge)
         meta: dict[str, Any] = {"completion_tokens": len(tokens)}
         if algorithm is not None:
-            meta["spec_verify_ct"] = -(-len(tokens) // ACCEPT[algorithm])
+            meta["spec_verify_ct"] = decode_rounds(len(tokens), algorithm)
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[-0.25, token, None] for token in tokens]
         answers.append({"output_ids": tokens, "meta_info": meta})
     return answers
 
 
+def refusal(body: dict[str, Any]) -> str | None:
+    """Why ``FAKE_SGLANG_FAIL_*`` makes this ``/generate`` call fail, or None."""
+    prompts = len(body["input_ids"])
+    new_tokens = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+    if prompts == env_int("FAKE_SGLANG_FAIL_BATCH"):
+        return f"a batch of {prompts} prompts failed"
+    if new_tokens == env_int("FAKE_SGLANG_FAIL_MAX_NEW_TOKENS"):
+        return f"a request for {new_tokens} new tokens failed"
+    return None
+
+
 def serve(argv: list[str]) -> None:
     algorithm = flag(argv, "--speculative-algorithm")
     rng = random.Random(0)
     width = 1
+    budget = int(os.environ.get("DDTREE_BUDGET", "15")) if algorithm == "DDTREE" else 0
     if algorithm == "DDTREE":
-        width = int(os.environ.get("DDTREE_BUDGET", "15")) + 1
+        width = budget + 1
         print(f"DDTree worker: draft length 16, budget {width - 1}, top-k cap None, verify width {width}, tree "
               "builder ddtree_runtime.ops (compiled CUDA kernels)")
     elif algorithm == "DFLASH":
@@ -105,7 +144,14 @@ def serve(argv: list[str]) -> None:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self.reply(200, answer(body, algorithm, rng))
+            problem = refusal(body)
+            if problem is not None:
+                self.reply(500, {"error": {"message": problem}})
+                return
+            answers = answer(body, algorithm, rng)
+            rounds = max(decode_rounds(a["meta_info"]["completion_tokens"], algorithm) for a in answers)
+            time.sleep(rounds * round_seconds(algorithm, budget))
+            self.reply(200, answers)
 
     class Server(ThreadingHTTPServer):
         request_queue_size = 64  # the load case opens 16 connections at once (socketserver's default backlog is 5)

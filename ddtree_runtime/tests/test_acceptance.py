@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddtree_runtime.acceptance import __main__ as acceptance_cli
 from ddtree_runtime.acceptance.__main__ import main as acceptance_main
 from ddtree_runtime.acceptance.launch import (
     COMMON_FLAGS,
@@ -25,19 +26,35 @@ from ddtree_runtime.acceptance.launch import (
     server_environment,
     start_server,
 )
+from ddtree_runtime.acceptance.measure import TimedCall, ratio
 from ddtree_runtime.acceptance.plan import (
     Step,
     ddtree_spec,
     dflash_spec,
     full_plan,
     refusal_specs,
+    round_cost_specs,
     run_steps,
     select_steps,
 )
 from ddtree_runtime.acceptance.prompts import load_mix, suite_prompts
+from ddtree_runtime.acceptance.round_cost import (
+    LONG_NEW_TOKENS,
+    ROUND_COST_DRAFTER,
+    ROUND_COST_TARGET,
+    SHORT_NEW_TOKENS,
+    RoundCost,
+    round_cost_dirs,
+    round_cost_prompt,
+    round_cost_rows,
+    write_round_cost_pair,
+)
 from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two_sample, first_difference
 from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
+from ddtree_runtime.acceptance.throughput import BATCH_1_REQUESTS, throughput_rows
 from ddtree_runtime.model_layout import pair_problem
+from ddtree_runtime.reference.dflash import DFlashConfig
+from ddtree_runtime.reference.qwen3 import Qwen3Config, rope_theta_from
 
 FAKE = Path(__file__).with_name("fake_sglang.py")
 
@@ -117,11 +134,14 @@ def test_server_command_and_environment_select_the_plugin_like_the_unit() -> Non
 
 def test_plan_steps_and_refusals() -> None:
     names = [step.name for step in full_plan()]
-    assert names[0] == "baseline" and names[-1] == "refusals"
+    assert names[0] == "baseline" and names[-2:] == ["refusals", "round-cost"]
     assert {"ddtree-b16", "ddtree-b64", "dflash", "ddtree-b64-nographs", "dflash-nographs"} <= set(names)
     assert [s.name for s in select_steps("full", ["dflash", "baseline"])] == ["baseline", "dflash"]
+    assert [s.name for s in select_steps("full", ["round-cost"])] == ["round-cost"]
     with pytest.raises(ValueError, match="not a step"):
         select_steps("quick", ["ddtree-b16-nographs"])
+    with pytest.raises(ValueError, match="not a step"):
+        select_steps("quick", ["round-cost"])
     messages = [message for _unused, message in refusal_specs()]
     assert any("2..16" in m for m in messages) and any("fa3" in m for m in messages)
 
@@ -311,3 +331,193 @@ def test_self_check_random_pair_loads_in_the_reference_engine(tmp_path: Path) ->
     assert load_qwen3(target).config.head_dim == 64
     assert load_dflash(drafter).config.target_layer_ids == [0, 1]
     assert pair_problem(target, drafter) is None
+
+
+# ---- figures: throughput on the trained pair, round cost at real size -----------------------------------------
+
+
+@pytest.fixture
+def on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's environment probe as a GPU machine with SGLang would answer it (the servers are the stand-in)."""
+    monkeypatch.setattr(acceptance_cli, "describe_environment",
+                        lambda python, left_out: {"python": python, "left_out": left_out, "cuda_available": True,
+                                                  "sglang": "stand-in", "gpu": "stand-in"})
+
+
+def read_outputs(out: Path) -> tuple[dict, dict, str]:
+    return (json.loads((out / "state.json").read_text()), json.loads((out / "results.json").read_text()),
+            (out / "results.md").read_text())
+
+
+def test_throughput_and_round_cost_ratios() -> None:
+    def speeds(batch_1: float, batch_16: float) -> dict[str, dict[str, float]]:
+        return {"batch_1": {"tokens_per_s": batch_1}, "batch_16": {"tokens_per_s": batch_16}}
+
+    table = {"baseline": {"algorithm": "none", **speeds(100.0, 1000.0)},
+             "ddtree-b16": {"algorithm": "DDTREE", "budget": 16, **speeds(300.0, 1500.0)},
+             "dflash": {"algorithm": "DFLASH", **speeds(200.0, 2000.0)},
+             "ddtree-b64": {"algorithm": "DDTREE", "budget": 64, "batch_1": {"tokens_per_s": 250.0}}}
+    rows = {(r["server"], r["batch"]): r for r in throughput_rows(table)}
+    assert len(rows) == 7 and ("ddtree-b64", 16) not in rows
+    assert rows[("baseline", 1)]["vs_baseline"] is None and rows[("baseline", 1)]["ddtree_vs_dflash"] is None
+    assert rows[("dflash", 16)]["vs_baseline"] == 2.0 and rows[("dflash", 16)]["ddtree_vs_dflash"] is None
+    assert rows[("ddtree-b16", 1)]["vs_baseline"] == 3.0 and rows[("ddtree-b16", 1)]["ddtree_vs_dflash"] == 1.5
+    assert rows[("ddtree-b16", 16)]["ddtree_vs_dflash"] == 0.75, "a slower DDTREE is a figure below 1, not a failure"
+    assert rows[("ddtree-b64", 1)]["ddtree_vs_dflash"] == 1.25
+    without_dflash = throughput_rows({k: v for k, v in table.items() if k != "dflash"})
+    assert all(r["ddtree_vs_dflash"] is None for r in without_dflash)
+
+    costs = {"8b-baseline": {"algorithm": "none", "ms_per_round": 8.0},
+             "dflash-8b": {"algorithm": "DFLASH", "ms_per_round": 10.0},
+             "ddtree-8b-b64": {"algorithm": "DDTREE", "budget": 64, "ms_per_round": 13.0}}
+    by_server = {r["server"]: r["ddtree_vs_dflash_ms_per_round"] for r in round_cost_rows(costs)}
+    assert by_server == {"8b-baseline": None, "dflash-8b": None, "ddtree-8b-b64": pytest.approx(1.3)}
+    assert ratio(1.0, 0.0) is None and ratio(None, 2.0) is None and ratio(3.0, 2.0) == 1.5
+
+
+def test_round_cost_is_the_difference_of_two_lengths_in_decode_rounds() -> None:
+    short = TimedCall(requests=1, tokens=SHORT_NEW_TOKENS, verify_rounds=40, seconds=0.9)
+    long = TimedCall(requests=1, tokens=LONG_NEW_TOKENS, verify_rounds=168, seconds=2.18)
+    speculative = RoundCost(speculative=True, short=short, long=long)
+    assert speculative.problem() is None
+    figures = speculative.as_dict()
+    assert figures["decode_rounds"] == 128 and figures["decode_tokens"] == 256
+    assert figures["ms_per_round"] == pytest.approx(10.0) and figures["tokens_per_round"] == 2.0
+    assert figures["tokens_per_s"] == pytest.approx(200.0)
+    baseline = RoundCost(speculative=False, short=short, long=long)  # one decode step per token
+    assert baseline.as_dict()["ms_per_round"] == pytest.approx(1000 * 1.28 / 256)
+    stopped = RoundCost(True, TimedCall(1, 30, 15, 0.3), TimedCall(1, 30, 15, 0.3))
+    assert stopped.problem() == f"asked for {SHORT_NEW_TOKENS} new tokens with ignore_eos, got 30"
+    no_rounds = RoundCost(True, short, TimedCall(1, LONG_NEW_TOKENS, 0, 2.0))
+    assert "decode rounds did not grow" in (no_rounds.problem() or "")
+
+
+def test_throughput_figures_reach_state_and_reports_and_survive_resume(tmp_path: Path, fake_python: str,
+                                                                        on_a_gpu_machine: None) -> None:
+    common = ["--out", str(tmp_path), "--python", fake_python, "--max-new-tokens", "24", "--health-timeout", "30"]
+    assert acceptance_main([*common, "--only", "baseline,dflash"]) == 0
+    state, results, markdown = read_outputs(tmp_path)
+    assert set(state["throughput"]) == {"baseline", "dflash"}
+    for figures in state["throughput"].values():
+        assert figures["batch_1"]["requests"] == BATCH_1_REQUESTS and figures["batch_16"]["requests"] == 16
+        assert figures["batch_1"]["tokens"] == BATCH_1_REQUESTS * 24 and figures["batch_16"]["tokens"] == 16 * 24
+        assert figures["batch_1"]["tokens_per_s"] > 0 and figures["batch_16"]["tokens_per_s"] > 0
+    assert state["throughput"]["dflash"]["algorithm"] == "DFLASH"
+    assert results["throughput"]["servers"] == state["throughput"]
+    assert "## Throughput on the trained pair" in markdown
+
+    assert acceptance_main([*common, "--resume", "--only", "ddtree-b16"]) == 0
+    state, results, markdown = read_outputs(tmp_path)
+    assert set(state["throughput"]) == {"baseline", "dflash", "ddtree-b16"}, "resume keeps the earlier figures"
+    rows = {(r["server"], r["batch"]): r for r in results["throughput"]["table"]}
+    assert set(rows) == {(name, batch) for name in ("baseline", "dflash", "ddtree-b16") for batch in (1, 16)}
+    speed = {key: row["tokens_per_s"] for key, row in rows.items()}
+    for batch in (1, 16):
+        ddtree = rows[("ddtree-b16", batch)]
+        assert ddtree["ddtree_vs_dflash"] == pytest.approx(speed[("ddtree-b16", batch)] / speed[("dflash", batch)])
+        assert ddtree["vs_baseline"] == pytest.approx(speed[("ddtree-b16", batch)] / speed[("baseline", batch)])
+    table = markdown.split("## Throughput on the trained pair")[1].split("## ")[0]
+    assert "| ddtree-b16 | DDTREE | 16 |" in table and "| baseline | none | 1 |" in table
+    assert all(result["ok"] for result in results["results"]), "throughput figures add no case lines"
+
+
+def test_round_cost_step_serves_config_only_models_with_random_weights(tmp_path: Path, fake_python: str,
+                                                                       on_a_gpu_machine: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SGLANG_EOS_AFTER", "30")  # the measurement must ask for ignore_eos to get its lengths
+    assert acceptance_main(["--out", str(tmp_path), "--python", fake_python, "--only", "round-cost",
+                            "--health-timeout", "30"]) == 0
+    state, results, markdown = read_outputs(tmp_path)
+    servers = {entry["name"]: entry["command"] for entry in state["servers"]}
+    assert list(servers) == ["8b-baseline", "dflash-8b", "ddtree-8b-b16", "ddtree-8b-b64"]
+    target, drafter = round_cost_dirs(tmp_path / "models")
+    for name, argv in servers.items():
+        assert argv[argv.index("--load-format") + 1] == "dummy" and set(COMMON_FLAGS) <= set(argv)
+        assert argv[argv.index("--model-path") + 1] == str(target)
+        if name == "8b-baseline":
+            assert "--speculative-draft-load-format" not in argv and "--speculative-algorithm" not in argv
+        else:
+            assert argv[argv.index("--speculative-draft-load-format") + 1] == "dummy"
+            assert argv[argv.index("--speculative-draft-model-path") + 1] == str(drafter)
+            assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "16"
+    assert [entry.get("budget") for entry in state["servers"]] == [None, None, 16, 64]
+
+    costs = state["round_costs"]
+    assert list(costs) == list(servers) and results["round_cost"]["servers"] == costs
+    for figures in costs.values():
+        assert figures["short"]["tokens"] == SHORT_NEW_TOKENS and figures["long"]["tokens"] == LONG_NEW_TOKENS
+        assert figures["ms_per_round"] > 0 and figures["tokens_per_s"] > 0
+    assert costs["8b-baseline"]["tokens_per_round"] == 1.0
+    assert costs["dflash-8b"]["tokens_per_round"] == 2.0  # the stand-in accepts 2 tokens a DFLASH round
+    rows = {row["server"]: row for row in results["round_cost"]["table"]}
+    for budget in (16, 64):
+        assert rows[f"ddtree-8b-b{budget}"]["ddtree_vs_dflash_ms_per_round"] == pytest.approx(
+            costs[f"ddtree-8b-b{budget}"]["ms_per_round"] / costs["dflash-8b"]["ms_per_round"])
+    assert "## Round cost at real size" in markdown and "| ddtree-8b-b64 | DDTREE |" in markdown
+    identity = [r for r in results["results"] if r["case"] == "round cost: start + /server_info"]
+    assert len(identity) == 4 and all(r["ok"] for r in results["results"])
+
+
+def test_round_cost_models_are_configs_only_with_qwen3_8b_and_its_drafters_shape(tmp_path: Path) -> None:
+    target, drafter = write_round_cost_pair(tmp_path)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"] == sorted(p.name for p in drafter.iterdir())
+    raw_target = json.loads((target / "config.json").read_text())
+    assert raw_target["architectures"] == ["Qwen3ForCausalLM"] and raw_target["model_type"] == "qwen3"
+    assert {key: raw_target[key] for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                             "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                                             "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                                             "torch_dtype", "eos_token_id")} == {
+        "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "eos_token_id": [151645, 151643]}
+    assert rope_theta_from(raw_target) == 1_000_000.0
+    raw_drafter = json.loads((drafter / "config.json").read_text())
+    assert raw_drafter["architectures"] == ["DFlashDraftModel"] and raw_drafter["torch_dtype"] == "bfloat16"
+    assert raw_drafter["dflash_config"] == {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669}
+    assert {key: raw_drafter[key] for key in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                              "num_key_value_heads", "head_dim", "intermediate_size", "block_size",
+                                              "vocab_size", "num_target_layers", "rope_theta")} == {
+        "num_hidden_layers": 5, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "intermediate_size": 12288, "block_size": 16, "vocab_size": 151936, "num_target_layers": 36,
+        "rope_theta": 1_000_000.0}
+    assert raw_drafter["layer_types"] == ["full_attention"] * 5
+    # What SGLang's DFlash model and the plugin's preflight read of the pair.
+    assert pair_problem(target, drafter) is None
+    assert DFlashConfig.from_dict(raw_drafter) == ROUND_COST_DRAFTER
+    assert Qwen3Config.from_dict(raw_target) == ROUND_COST_TARGET
+    assert 0 <= raw_drafter["dflash_config"]["mask_token_id"] < raw_target["vocab_size"]
+    prompt = round_cost_prompt()
+    assert len(prompt) == 128 and max(prompt) < raw_target["vocab_size"] and prompt == round_cost_prompt()
+
+
+def test_round_cost_configs_read_as_transformers_reads_them(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", minversion="5")
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    target, drafter = write_round_cost_pair(tmp_path)
+    for directory, layers in ((target, 36), (drafter, 5)):
+        config = AutoConfig.from_pretrained(str(directory))
+        assert config.model_type == "qwen3" and config.num_hidden_layers == layers
+        assert config.rope_parameters["rope_theta"] == 1_000_000.0 and config.head_dim == 128
+
+
+def test_an_http_error_while_measuring_is_a_failed_case_line(tmp_path: Path, fake_python: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SGLANG_FAIL_BATCH", "16")
+    suite = make_suite(tmp_path, fake_python)
+    suite.run_baseline(ServerSpec("baseline", tmp_path))
+    suite.run_speculative(dflash_spec(), load=False, sampling=False, requests=False)
+    failed = {(r.case, r.server): r.detail for r in suite.all_results() if not r.ok}
+    assert set(failed) == {("throughput at batch 16", "baseline"), ("throughput at batch 16", "dflash")}
+    assert "answered 500" in failed[("throughput at batch 16", "dflash")]
+    assert "batch_1" in suite.throughput["dflash"] and "batch_16" not in suite.throughput["dflash"]
+    assert by_case(suite)[("2. greedy == baseline", "dflash")], "the server's other cases go on"
+
+    monkeypatch.delenv("FAKE_SGLANG_FAIL_BATCH")
+    monkeypatch.setenv("FAKE_SGLANG_FAIL_MAX_NEW_TOKENS", str(LONG_NEW_TOKENS))
+    spec = round_cost_specs(tmp_path / "models")[1]
+    suite.run_round_cost(spec)
+    line = next(r for r in suite.results if r.server == spec.name and not r.ok)
+    assert line.case == "round cost: ms per decode round" and "answered 500" in line.detail
+    assert spec.name not in suite.round_costs

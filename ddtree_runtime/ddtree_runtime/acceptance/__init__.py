@@ -11,4 +11,9 @@ Cases: baseline greedy; DDTREE (budgets 16 and 64) and DFLASH start, report them
 like the baseline (or, where bf16 makes SGLang's own DFLASH diverge, no more often than it); accept length above
 DFLASH's; CUDA graphs on and off; 16 concurrent mixed requests with SGLang's strict idle memory check; sampled
 decoding's token distribution against the baseline's; logprob and stop-token requests; refusals at start.
+
+Figures beside the cases (not pass/fail; an HTTP error while measuring is a failed case line): greedy tokens/s at
+batch 1 and 16 on the baseline and on every speculative server with CUDA graphs (:mod:`.throughput`), and the step
+``round-cost``: ms per decode round of baseline, DFLASH and DDTREE on a random-weight Qwen3-8B-shaped target with a
+1B-shaped drafter (:mod:`.round_cost`). The report states DDTREE/DFLASH and X/baseline ratios.
 """

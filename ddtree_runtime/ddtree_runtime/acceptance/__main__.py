@@ -22,7 +22,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter that runs sglang.launch_server (default: this one)")
     parser.add_argument("--only", type=lambda text: [n for n in text.split(",") if n], default=[],
-                        help="comma-separated steps of the plan to run (servers by name, or 'refusals')")
+                        help="comma-separated steps of the plan to run (servers by name, or 'hybrid', "
+                             "'refusals', 'round-cost')")
     parser.add_argument("--resume", action="store_true",
                         help="go on from the state an earlier run left in --out: its baseline and case lines are "
                              "kept and its finished steps skipped")
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     environment = describe_environment(args.python, args.left_out)
     reason = skip_reason(environment)
     if reason is not None:
-        write_report(args.out, environment, results=[], servers=[], skipped=reason)
+        write_report(args.out, environment, results=[], servers=[], skipped=reason, figures={},
+                     max_new_tokens=args.max_new_tokens)
         print(f"acceptance: skipped: {reason}")
         return 0
     steps = select_steps(args.plan, args.only)
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def after_step(done: Suite) -> None:
         done.save()
-        write_report(args.out, environment, results=done.all_results(), servers=done.servers, skipped=None)
+        write_report(args.out, environment, results=done.all_results(), servers=done.servers, skipped=None,
+                     figures=done.figures(), max_new_tokens=done.max_new_tokens)
         if args.mirror is not None:
             mirror_results(args.out, args.mirror)
 

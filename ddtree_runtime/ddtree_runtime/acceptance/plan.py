@@ -10,6 +10,12 @@ from pathlib import Path
 from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
 from ddtree_runtime.acceptance.launch import ServerSpec
 from ddtree_runtime.acceptance.prompts import DRAFTER_DIR, TARGET_DIR, suite_prompts
+from ddtree_runtime.acceptance.round_cost import (
+    RANDOM_PAIR_FLAGS,
+    RANDOM_TARGET_FLAGS,
+    round_cost_dirs,
+    write_round_cost_pair,
+)
 from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
 
 DRAFT_TOKENS = 16
@@ -60,6 +66,28 @@ def _hybrid(suite: Suite) -> None:
         suite.run_hybrid_speculative(spec)
 
 
+def round_cost_specs(models: Path) -> list[ServerSpec]:
+    """Baseline, DFLASH and DDTREE (every budget of :data:`DDTREE_BUDGETS`) on the random-weight Qwen3-8B-shaped
+    target and its 1B-shaped drafter (:mod:`ddtree_runtime.acceptance.round_cost`), config-only models under
+    ``models``."""
+    target, drafter = round_cost_dirs(models)
+    return [
+        ServerSpec("8b-baseline", target, extra_flags=RANDOM_TARGET_FLAGS),
+        ServerSpec("dflash-8b", target, algorithm="DFLASH", draft_model_path=drafter, draft_tokens=DRAFT_TOKENS,
+                   extra_flags=RANDOM_PAIR_FLAGS),
+        *(ServerSpec(f"ddtree-8b-b{budget}", target, algorithm="DDTREE", draft_model_path=drafter,
+                     draft_tokens=DRAFT_TOKENS, budget=budget, extra_flags=RANDOM_PAIR_FLAGS)
+          for budget in DDTREE_BUDGETS),
+    ]
+
+
+def _round_cost(suite: Suite) -> None:
+    models = suite.out_dir / "models"
+    write_round_cost_pair(models)
+    for spec in round_cost_specs(models):
+        suite.run_round_cost(spec)
+
+
 def refusal_specs() -> list[tuple[ServerSpec, str]]:
     """Starts the plugin must refuse, each with the text its message must carry."""
     return [
@@ -94,15 +122,16 @@ def speculative_specs(cuda_graphs: bool) -> list[ServerSpec]:
     return [*(ddtree_spec(b, cuda_graphs=cuda_graphs) for b in DDTREE_BUDGETS), dflash_spec(cuda_graphs)]
 
 
-def serving_specs(hybrid_models: Path | None = None) -> list[ServerSpec]:
+def serving_specs(models: Path | None = None) -> list[ServerSpec]:
     """Every server of the full plan that must start and serve (the refusals are :func:`refusal_specs`); the
-    hybrid ones when given the directory their models are written to."""
+    hybrid and round-cost ones when given the directory their models are written to."""
     specs = [baseline_spec(), *speculative_specs(True), *speculative_specs(False)]
-    return specs + (hybrid_specs(hybrid_models) if hybrid_models is not None else [])
+    return specs + ([*hybrid_specs(models), *round_cost_specs(models)] if models is not None else [])
 
 
 def full_plan() -> list[Step]:
-    """Every case: graphs on (load, sampling and requests on the largest budget), graphs off, refusals."""
+    """Every case: graphs on (load, sampling and requests on the largest budget; throughput), graphs off, the
+    hybrid target, refusals, then the round cost at real size."""
     largest = ddtree_spec(max(DDTREE_BUDGETS)).name
     steps = [Step("baseline", lambda suite: suite.run_baseline(baseline_spec()))]
     steps += [_speculative(spec, load=True, sampling=spec.name == largest, requests=spec.name == largest)
@@ -110,11 +139,13 @@ def full_plan() -> list[Step]:
     steps += [_speculative(spec) for spec in speculative_specs(False)]
     steps.append(Step("hybrid", _hybrid))
     steps.append(Step("refusals", _refusals))
+    steps.append(Step("round-cost", _round_cost))
     return steps
 
 
 def quick_plan() -> list[Step]:
-    """Baseline, DDTREE at budget 64 and DFLASH, CUDA graphs on (a first look on a new machine)."""
+    """Baseline, DDTREE at budget 64 and DFLASH, CUDA graphs on, with their throughput (a first look on a new
+    machine)."""
     return [Step("baseline", lambda suite: suite.run_baseline(baseline_spec())),
             _speculative(ddtree_spec(64), load=True, requests=True), _speculative(dflash_spec())]
 

@@ -1,4 +1,5 @@
-"""``results.json`` and ``results.md``: versions, GPU, flags, servers and one line per case."""
+"""``results.json`` and ``results.md``: versions, GPU, flags, servers, one line per case, and the measured figures
+(throughput on the trained pair, round cost at real size) with their ratios."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddtree_runtime.acceptance import round_cost
 from ddtree_runtime.acceptance.launch import COMMON_FLAGS, STRICT_MEMORY_CHECK
+from ddtree_runtime.acceptance.round_cost import round_cost_rows
 from ddtree_runtime.acceptance.suite import CaseResult
+from ddtree_runtime.acceptance.throughput import BATCH_1_REQUESTS, BATCH_16_REQUESTS, throughput_rows
 
 
 def _cell(value: Any) -> str:
@@ -18,6 +22,51 @@ def _cell(value: Any) -> str:
         return f"{value:.4g}"
     text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _figure(value: Any) -> str:
+    """A measured figure: '-' when missing, thousands without decimals, smaller figures to 4 significant digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return _cell(value)
+
+
+def throughput_markdown(rows: list[dict[str, Any]], max_new_tokens: Any) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## Throughput on the trained pair (figures, not pass/fail)", "",
+             f"Greedy, up to {max_new_tokens} new tokens, CUDA graphs on. Batch 1: the first {BATCH_1_REQUESTS} "
+             f"prompts one request at a time (summed tokens / summed wall time); batch {BATCH_16_REQUESTS}: "
+             f"{BATCH_16_REQUESTS} prompts in one /generate call.", "",
+             "| server | algorithm | batch | tokens | seconds | tokens/s | x baseline | DDTREE / DFLASH |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['server']} | {r['algorithm']} | {r['batch']} | {_figure(r['tokens'])} | "
+                     f"{_figure(r['seconds'])} | {_figure(r['tokens_per_s'])} | {_figure(r['vs_baseline'])} | "
+                     f"{_figure(r['ddtree_vs_dflash'])} |")
+    return lines
+
+
+def round_cost_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    target, drafter = round_cost.ROUND_COST_TARGET, round_cost.ROUND_COST_DRAFTER
+    lines = ["", "## Round cost at real size (figures, not pass/fail)", "",
+             f"Random weights (`{' '.join(round_cost.RANDOM_PAIR_FLAGS)}`): a Qwen3-8B-shaped target "
+             f"({target.num_hidden_layers} layers, hidden {target.hidden_size}) and a DFlash drafter of "
+             f"{drafter.num_hidden_layers} layers of its width. Batch 1, greedy, ignore_eos, a "
+             f"{round_cost.PROMPT_TOKENS}-token prompt at {round_cost.SHORT_NEW_TOKENS} and "
+             f"{round_cost.LONG_NEW_TOKENS} new tokens; ms per round = difference in seconds / difference in decode "
+             "rounds (spec_verify_ct; the baseline: tokens), tokens/s over the same difference.", "",
+             "| server | algorithm | ms per round | tokens per round | tokens/s | DDTREE / DFLASH ms per round |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['server']} | {r['algorithm']} | {_figure(r['ms_per_round'])} | "
+                     f"{_figure(r['tokens_per_round'])} | {_figure(r['tokens_per_s'])} | "
+                     f"{_figure(r['ddtree_vs_dflash_ms_per_round'])} |")
+    return lines
 
 
 def render_markdown(payload: dict[str, Any]) -> str:
@@ -45,6 +94,8 @@ def render_markdown(payload: dict[str, Any]) -> str:
             figures += ", first_divergence=" + _cell(r["figures"]["first_divergence"])
         lines.append(f"| {r['case']} | {r['server']} | {'pass' if r['ok'] else '**FAIL**'} | {figures} | "
                      f"{_cell(r['detail'])} |")
+    lines += throughput_markdown(payload["throughput"]["table"], payload["throughput"]["max_new_tokens"])
+    lines += round_cost_markdown(payload["round_cost"]["table"])
     lines += ["", "## Servers", "", "| server | ready (s) | exit | command |", "|---|---|---|---|"]
     for s in payload["servers"]:
         lines.append(f"| {s['name']} | {s.get('ready_seconds', '-')} | {s.get('exit_code')} | "
@@ -53,7 +104,10 @@ def render_markdown(payload: dict[str, Any]) -> str:
 
 
 def write_report(out_dir: Path, environment: dict[str, Any], results: list[CaseResult],
-                 servers: list[dict[str, Any]], skipped: str | None) -> dict[str, Any]:
+                 servers: list[dict[str, Any]], skipped: str | None, *, figures: dict[str, dict[str, Any]],
+                 max_new_tokens: int) -> dict[str, Any]:
+    """``figures``: the suite's measured figures by kind (:meth:`Suite.figures`); the ratios are added here."""
+    throughput, costs = figures.get("throughput", {}), figures.get("round_cost", {})
     payload = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": environment,
@@ -61,6 +115,8 @@ def write_report(out_dir: Path, environment: dict[str, Any], results: list[CaseR
         "environment_vars": dict(STRICT_MEMORY_CHECK),
         "skipped": skipped,
         "results": [r.as_dict() for r in results],
+        "throughput": {"max_new_tokens": max_new_tokens, "servers": throughput, "table": throughput_rows(throughput)},
+        "round_cost": {"servers": costs, "table": round_cost_rows(costs)},
         "servers": servers,
     }
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n")

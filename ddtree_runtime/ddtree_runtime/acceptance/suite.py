@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ddtree_runtime.acceptance.launch import DEFAULT_DTYPE, Server, ServerError, ServerSpec, generate, start_server
 from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, LoadRequest, Prompt, load_mix
+from ddtree_runtime.acceptance.round_cost import measure_round_cost
 from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two_sample
+from ddtree_runtime.acceptance.throughput import THROUGHPUT_BATCHES
 
 GREEDY = {"temperature": 0.0, "stop_token_ids": STOP_TOKEN_IDS}
 SAMPLED = {"temperature": 0.7, "top_p": 0.95, "stop_token_ids": STOP_TOKEN_IDS}
@@ -27,6 +30,10 @@ REQUEST_LABELS = ("logprobs (top 3)", "stop token id", "stop string", "grammar (
 server still serving (with ``--skip-tokenizer-init`` SGLang may refuse stop strings and grammars per request)."""
 SAMPLING_ALPHA = 1e-3
 """Per-position false-failure probability of the distribution test (two positions: at most 2e-3 in all)."""
+Measured = TypeVar("Measured")
+MEASUREMENT_ERRORS = (ServerError, OSError)
+"""What a figure's measurement may raise (an HTTP error answer, a dead server, a refused or timed-out connection):
+recorded as a failed case line, and the server's other cases go on."""
 
 
 @dataclass
@@ -136,6 +143,10 @@ class Suite:
         """(case, server) -> agreement with the baseline, settled against DFLASH's in :meth:`equality_verdicts`."""
         self.accept_lengths: dict[str, float | None] = {}
         self.run_figures: dict[tuple[str, str], dict[str, Any]] = {}
+        self.throughput: dict[str, dict[str, Any]] = {}
+        """Server name -> greedy tokens/s at batch 1 and 16 on the trained pair (:mod:`.throughput`)."""
+        self.round_costs: dict[str, dict[str, Any]] = {}
+        """Server name -> ms per decode round at real size, random weights (:mod:`.round_cost`)."""
         self.steps_done: list[str] = []
         """Plan steps finished (by name); ``--resume`` skips them."""
 
@@ -160,6 +171,8 @@ class Suite:
                             "first_divergence": a.first_divergence} for (c, n), a in self.agreements.items()],
             "run_figures": [{"case": c, "server": n, "figures": f} for (c, n), f in self.run_figures.items()],
             "accept_lengths": self.accept_lengths,
+            "throughput": self.throughput,
+            "round_costs": self.round_costs,
             "steps_done": self.steps_done,
         }
 
@@ -189,6 +202,9 @@ class Suite:
                            for a in state["agreements"]}
         self.run_figures = {(f["case"], f["server"]): f["figures"] for f in state["run_figures"]}
         self.accept_lengths = state["accept_lengths"]
+        # A state written before these figures were measured has neither: its servers were not measured.
+        self.throughput = state.get("throughput", {})
+        self.round_costs = state.get("round_costs", {})
         self.steps_done = state["steps_done"]
 
     def forget(self, server: str) -> None:
@@ -198,6 +214,8 @@ class Suite:
         self.agreements = {key: value for key, value in self.agreements.items() if key[1] != server}
         self.run_figures = {key: value for key, value in self.run_figures.items() if key[1] != server}
         self.accept_lengths.pop(server, None)
+        self.throughput.pop(server, None)
+        self.round_costs.pop(server, None)
 
     def record(self, case: str, server: str, ok: bool, detail: str = "", **figures: Any) -> None:
         self.results.append(CaseResult(case, server, ok, figures, detail))
@@ -243,6 +261,7 @@ class Suite:
             self.record("1. baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
                         tokens=run.completion_tokens, seconds=round(run.seconds, 2),
                         tokens_per_s=round(run.completion_tokens / run.seconds, 1))
+            self.throughput_case(server)
             self.baseline_load, errors = concurrent_run(server, self.load)
             if errors:
                 self.record("5. baseline load", spec.name, False, "; ".join(errors))
@@ -267,8 +286,8 @@ class Suite:
                                                    "seconds": round(run.seconds, 2), "tokens": run.completion_tokens}
             if spec.cuda_graphs:
                 self.accept_lengths[spec.name] = run.accept_length
-            if spec.cuda_graphs:
                 self.check_capture_log(server)
+                self.throughput_case(server)
             if load:
                 self.load_case(server)
             if sampling:
@@ -277,6 +296,43 @@ class Suite:
                 self.request_cases(server)
 
         self.with_server(spec, body)
+
+    # ---- figures: throughput on the trained pair, round cost at real size ------------------------------------
+
+    def measure(self, figure: str, server: Server, measurement: Callable[[], Measured]) -> Measured | None:
+        """``measurement()``'s figures, or None after recording its error as a failed ``figure`` case line."""
+        try:
+            return measurement()
+        except MEASUREMENT_ERRORS as error:
+            self.record(figure, server.spec.name, False, f"{type(error).__name__}: {str(error)[:500]}")
+            return None
+
+    def throughput_case(self, server: Server) -> None:
+        """Greedy tokens/s at batch 1 and 16 (:mod:`.throughput`): figures for the report, not pass/fail."""
+        sampling = {**GREEDY, "max_new_tokens": self.max_new_tokens}
+        entry: dict[str, Any] = {"algorithm": server.spec.algorithm or "none", "budget": server.spec.budget}
+        for figure, (batch, measurement) in THROUGHPUT_BATCHES.items():
+            measured = self.measure(f"throughput at batch {batch}", server,
+                                    partial(measurement, server, self.prompts, sampling))
+            if measured is not None:
+                entry[figure] = measured.as_dict()
+        self.throughput[server.spec.name] = entry
+
+    def run_round_cost(self, spec: ServerSpec) -> None:
+        """A random-weight real-size server, started once: its identity, then its round cost (:mod:`.round_cost`)."""
+
+        def body(server: Server) -> None:
+            self.check_identity(server, spec.algorithm, "round cost: start + /server_info")
+            measured = self.measure("round cost: ms per decode round", server, partial(measure_round_cost, server))
+            if measured is not None:
+                self.round_costs[spec.name] = {"algorithm": spec.algorithm or "none", "budget": spec.budget,
+                                               **measured}
+
+        self.with_server(spec, body)
+
+    def figures(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The measured figures by kind, server by server (the report adds the ratios)."""
+        return {"throughput": self.throughput, "round_cost": self.round_costs}
 
     # ---- the hybrid target (case 7) ------------------------------------------------------------------------
 
