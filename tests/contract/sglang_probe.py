@@ -130,12 +130,14 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
     from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
     from ddtree_runtime.acceptance.launch import server_command, server_environment
     from ddtree_runtime.acceptance.plan import HYBRID_FLAGS, refusal_specs, serving_specs
+    from ddtree_runtime.acceptance.round_cost import write_round_cost_pair
     from sglang.srt.arg_groups.overrides import record_foreign_defaults
     from sglang.srt.server_args import prepare_server_args
 
     _loaded()
     models = Path(tempfile.mkdtemp(prefix="acceptance-models-"))
     write_hybrid_pair(models)
+    write_round_cost_pair(models)
     cases = [(spec, None) for spec in serving_specs(models)] + refusal_specs()
     outcome = {}
     for spec, expected in cases:
@@ -152,7 +154,9 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
                     algorithm = _loaded().from_string("DDTREE")
                     record_foreign_defaults(args, "contract.validate", algorithm.validate_server_args)
             outcome[spec.name] = {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
-                                  "draft_tokens": args.speculative_num_draft_tokens}
+                                  "draft_tokens": args.speculative_num_draft_tokens,
+                                  "load_format": args.load_format,
+                                  "draft_load_format": args.speculative_draft_load_format}
         except BaseException as error:  # argparse exits with SystemExit; the plugin raises ValueError
             outcome[spec.name] = {"ok": False, "expected": expected,
                                   "error": f"{type(error).__name__}: {error}\n{stderr.getvalue()[-2000:]}"}

@@ -13,6 +13,8 @@ import yaml
 from contract_support import ProbeRunner
 
 SERVING_VARS = Path(__file__).resolve().parents[2] / "inventory" / "production" / "group_vars" / "serving.yml"
+ROUND_COST_SERVERS = ("8b-baseline", "dflash-8b", "ddtree-8b-b16", "ddtree-8b-b64")
+"""The round-cost step's servers (random weights, config-only Qwen3-8B-shaped models)."""
 
 
 def test_every_serving_command_parses_and_every_refusal_fails_with_the_plugins_message(
@@ -22,7 +24,7 @@ def test_every_serving_command_parses_and_every_refusal_fails_with_the_plugins_m
     serving = {name: o for name, o in outcome.items() if o["expected"] is None}
     refusals = {name: o for name, o in outcome.items() if o["expected"] is not None}
     assert {"baseline", "ddtree-b16", "ddtree-b64", "dflash", "ddtree-b64-nographs", "hybrid-baseline",
-            "ddtree-hybrid-b16", "dflash-hybrid"} <= set(serving)
+            "ddtree-hybrid-b16", "dflash-hybrid", *ROUND_COST_SERVERS} <= set(serving)
     assert len(refusals) == 4
     for name, o in serving.items():
         assert o["ok"], f"{name}: {o.get('error')}"
@@ -31,6 +33,18 @@ def test_every_serving_command_parses_and_every_refusal_fails_with_the_plugins_m
     for name, o in refusals.items():
         assert not o["ok"], f"{name} was accepted"
         assert o["expected"] in o["error"], f"{name}: {o['error']}"
+
+
+def test_the_round_cost_servers_load_random_weights_for_target_and_drafter(run_probe: ProbeRunner) -> None:
+    outcome = run_probe("acceptance-commands")["specs"]
+    for name in ROUND_COST_SERVERS:
+        assert outcome[name]["ok"], f"{name}: {outcome[name].get('error')}"
+        assert outcome[name]["load_format"] == "dummy", name
+        expected_draft = None if name == "8b-baseline" else "dummy"
+        assert outcome[name]["draft_load_format"] == expected_draft, name
+        assert outcome[name]["draft_tokens"] == (None if name == "8b-baseline" else 16), name
+    # Everything else reads its checkpoint.
+    assert {o["load_format"] for n, o in outcome.items() if o["ok"] and n not in ROUND_COST_SERVERS} == {"auto"}
 
 
 def test_the_hybrid_case_runs_the_mamba_settings_of_the_production_unit(run_probe: ProbeRunner) -> None:
