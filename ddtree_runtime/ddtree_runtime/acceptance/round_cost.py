@@ -11,9 +11,10 @@ greedy, ``ignore_eos``) at two output lengths. The difference between the two re
 ``ms per round = 1000 * (seconds_long - seconds_short) / (rounds_long - rounds_short)``, where a speculative server's
 rounds are SGLang's ``spec_verify_ct`` and the baseline's are its completion tokens (one decode step per token).
 
-Memory, with the suite's ``--mem-fraction-static 0.25`` on a 141 GB H200: the bf16 weights are 16.4 GB (target)
-plus 2.1 GB (drafter; it shares the target's embedding and LM head), and SGLang's KV pool gets what is left of the
-static 35 GB (about 16 GB, some 100,000 tokens at 36 + 5 layers of 8 KV heads x 128), so the suite's flags are kept.
+Memory, computed (not yet seen on a GPU), with the suite's ``--mem-fraction-static 0.25`` on a 141 GB H200: the bf16
+weights are 16.4 GB (target) plus 2.1 GB (drafter; it shares the target's embedding and LM head), and SGLang's KV
+pool gets what is left of the static 35 GB (about 16 GB, some 100,000 tokens at 36 + 5 layers of 8 KV heads x 128),
+so the suite's flags are kept.
 """
 
 from __future__ import annotations
