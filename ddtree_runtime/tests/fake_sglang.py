@@ -85,6 +85,10 @@ def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> l
             meta["spec_verify_ct"] = decode_rounds(len(tokens), algorithm)
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[-0.25, token, None] for token in tokens]
+            if body.get("top_logprobs_num"):
+                gap = float(os.environ.get("FAKE_SGLANG_TOP2_GAP", "0.2"))  # default: every position a near-tie
+                meta["output_top_logprobs"] = [[[-0.25, token, None], [-0.25 - gap, (token + 1) % 256, None]]
+                                               for token in tokens]
         answers.append({"output_ids": tokens, "meta_info": meta})
     return answers
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from math import comb
+from typing import Any
 
 import torch
 
@@ -48,6 +50,47 @@ def agreement(names: Sequence[str], outputs: Sequence[Sequence[int]], baseline: 
         if index is not None:
             divergences[name] = index
     return Agreement(prompts=len(names), equal=len(names) - len(divergences), first_divergence=divergences)
+
+
+def top2_margins(meta_info: Mapping[str, Any]) -> list[float | None]:
+    """Per output position, the log-probability gap between the server's first and second choice (SGLang's
+    ``output_top_logprobs``: one list of ``[logprob, token_id, text]`` per position); None where fewer than two
+    were returned."""
+    margins: list[float | None] = []
+    for row in meta_info.get("output_top_logprobs") or []:
+        values = [entry[0] for entry in row or [] if entry and entry[0] is not None]
+        margins.append(float(values[0]) - float(values[1]) if len(values) >= 2 else None)
+    return margins
+
+
+def margins_at_divergence(divergences: Mapping[str, int], references: Mapping[str, Sequence[int]],
+                          greedy: Mapping[str, Sequence[int]],
+                          margins: Mapping[str, Sequence[float | None]]) -> dict[str, float | None]:
+    """The baseline's own top-2 margin at each first divergence (``name`` -> index; a name may carry a ``#``
+    suffix, as the load requests do). Known only where the reference output agrees with the baseline's greedy
+    output up to and including that position (the margins were measured along the greedy output); None
+    otherwise."""
+    found: dict[str, float | None] = {}
+    for name, index in divergences.items():
+        prompt = name.split("#", 1)[0]
+        reference, path, row = references.get(name), greedy.get(prompt), margins.get(prompt)
+        known = (reference is not None and path is not None and row is not None
+                 and index < min(len(reference), len(path), len(row))
+                 and list(reference[: index + 1]) == list(path[: index + 1]))
+        found[name] = row[index] if known and row is not None else None
+    return found
+
+
+def fisher_one_sided(divergent: int, prompts: int, other_divergent: int, other_prompts: int) -> float:
+    """One-sided Fisher exact test: the probability, if both runs shared one per-prompt divergence probability,
+    of the first run diverging on ``divergent`` or more of its prompts given both runs' totals."""
+    if not (0 <= divergent <= prompts and 0 <= other_divergent <= other_prompts) or prompts + other_prompts == 0:
+        raise ValueError("counts must satisfy 0 <= divergent <= prompts for both runs")
+    total, successes = prompts + other_prompts, divergent + other_divergent
+    denominator = comb(total, prompts)
+    upper = min(successes, prompts)
+    tail = sum(comb(successes, k) * comb(total - successes, prompts - k) for k in range(divergent, upper + 1))
+    return tail / denominator
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,15 @@ from typing import Any, TypeVar
 from ddtree_runtime.acceptance.launch import DEFAULT_DTYPE, Server, ServerError, ServerSpec, generate, start_server
 from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, LoadRequest, Prompt, load_mix
 from ddtree_runtime.acceptance.round_cost import measure_round_cost
-from ddtree_runtime.acceptance.stats import Agreement, agreement, chi_square_two_sample
+from ddtree_runtime.acceptance.stats import (
+    Agreement,
+    agreement,
+    chi_square_two_sample,
+    first_difference,
+    fisher_one_sided,
+    margins_at_divergence,
+    top2_margins,
+)
 from ddtree_runtime.acceptance.throughput import THROUGHPUT_BATCHES
 
 GREEDY = {"temperature": 0.0, "stop_token_ids": STOP_TOKEN_IDS}
@@ -30,6 +38,18 @@ REQUEST_LABELS = ("logprobs (top 3)", "stop token id", "stop string", "grammar (
 server still serving (with ``--skip-tokenizer-init`` SGLang may refuse stop strings and grammars per request)."""
 SAMPLING_ALPHA = 1e-3
 """Per-position false-failure probability of the distribution test (two positions: at most 2e-3 in all)."""
+SAMPLING_PROMPT = "heldout:heapq.py:heappop"
+"""The prompt the distribution test samples: one whose next tokens are uncertain at T 0.7 (the coding tasks'
+first tokens are near-certain for the tiny pair: a histogram of one token tests nothing)."""
+REQUEST_PROMPT = "bfs"
+"""The prompt of the case-8 requests."""
+TIE_MARGIN = 0.5
+"""A greedy divergence counts as a bf16 near-tie when the baseline's own top-2 log-probability gap at that
+position is below this. bf16 keeps 8 significant bits, so logits of magnitude 10-30 carry rounding errors of
+0.05-0.1 per operation, and a verify batch of another shape (2-65 tokens per request instead of 1) rounds
+differently; at the 2026-12-02 H200 run's DFLASH divergences the float32 reference's gaps were 0.03-0.30."""
+RATE_ALPHA = 0.05
+"""DDTREE is held to DFLASH's divergence rate by a one-sided Fisher exact test at this level."""
 Measured = TypeVar("Measured")
 MEASUREMENT_ERRORS = (ServerError, OSError)
 """What a figure's measurement may raise (an HTTP error answer, a dead server, a refused or timed-out connection):
@@ -76,6 +96,15 @@ def greedy_run(server: Server, prompts: Sequence[Prompt], max_new_tokens: int) -
     metas = [a.get("meta_info", {}) for a in answers]
     return GreedyRun(outputs=outputs, completion_tokens=sum(int(m.get("completion_tokens", 0)) for m in metas),
                      verify_rounds=sum(int(m.get("spec_verify_ct", 0) or 0) for m in metas), seconds=seconds)
+
+
+def margin_run(server: Server, prompts: Sequence[Prompt], max_new_tokens: int) -> tuple[list[list[int]],
+                                                                                     list[list[float | None]]]:
+    """Greedy outputs with the top-2 log-probability gap at every position (a separate pass: logprob requests
+    may take other kernels, so the timed greedy run stays plain)."""
+    answers = generate(server, [p.input_ids for p in prompts], {**GREEDY, "max_new_tokens": max_new_tokens},
+                       {"return_logprob": True, "top_logprobs_num": 2})
+    return [output_ids(a) for a in answers], [top2_margins(a.get("meta_info", {})) for a in answers]
 
 
 def concurrent_run(server: Server, requests: Sequence[LoadRequest]) -> tuple[list[list[int] | None], list[str]]:
@@ -138,6 +167,10 @@ class Suite:
         self.baseline_samples: list[list[int]] | None = None
         self.baseline_logprobs: list[dict[str, Any]] | None = None
         self.hybrid_baseline: GreedyRun | None = None
+        self.margins: dict[str, dict[str, list[float | None]]] = {}
+        """Baseline name -> prompt name -> the baseline's top-2 gap at each position of its greedy output."""
+        self.divergence_margins: dict[tuple[str, str], dict[str, float | None]] = {}
+        """(case, server) -> divergent prompt -> the baseline's top-2 gap where the server's output left it."""
         self.load = load_mix(prompts)
         self.agreements: dict[tuple[str, str], Agreement] = {}
         """(case, server) -> agreement with the baseline, settled against DFLASH's in :meth:`equality_verdicts`."""
@@ -167,6 +200,9 @@ class Suite:
             "baseline_samples": self.baseline_samples,
             "baseline_logprobs": self.baseline_logprobs,
             "hybrid_baseline": None if self.hybrid_baseline is None else vars(self.hybrid_baseline),
+            "margins": self.margins,
+            "divergence_margins": [{"case": c, "server": n, "margins": m}
+                                   for (c, n), m in self.divergence_margins.items()],
             "agreements": [{"case": c, "server": n, "prompts": a.prompts, "equal": a.equal,
                             "first_divergence": a.first_divergence} for (c, n), a in self.agreements.items()],
             "run_figures": [{"case": c, "server": n, "figures": f} for (c, n), f in self.run_figures.items()],
@@ -198,6 +234,8 @@ class Suite:
         self.baseline_logprobs = state["baseline_logprobs"]
         hybrid = state["hybrid_baseline"]
         self.hybrid_baseline = None if hybrid is None else GreedyRun(**hybrid)
+        self.margins = state["margins"]
+        self.divergence_margins = {(d["case"], d["server"]): d["margins"] for d in state["divergence_margins"]}
         self.agreements = {(a["case"], a["server"]): Agreement(a["prompts"], a["equal"], a["first_divergence"])
                            for a in state["agreements"]}
         self.run_figures = {(f["case"], f["server"]): f["figures"] for f in state["run_figures"]}
@@ -212,6 +250,8 @@ class Suite:
         self.results = [r for r in self.results if r.server != server]
         self.servers = [s for s in self.servers if s["name"] != server]
         self.agreements = {key: value for key, value in self.agreements.items() if key[1] != server}
+        self.divergence_margins = {key: value for key, value in self.divergence_margins.items()
+                                   if key[1] != server}
         self.run_figures = {key: value for key, value in self.run_figures.items() if key[1] != server}
         self.accept_lengths.pop(server, None)
         self.throughput.pop(server, None)
@@ -261,14 +301,40 @@ class Suite:
             self.record("1. baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
                         tokens=run.completion_tokens, seconds=round(run.seconds, 2),
                         tokens_per_s=round(run.completion_tokens / run.seconds, 1))
+            self.margin_pass(server, run, "1. baseline greedy with logprobs: same tokens")
             self.throughput_case(server)
             self.baseline_load, errors = concurrent_run(server, self.load)
             if errors:
                 self.record("5. baseline load", spec.name, False, "; ".join(errors))
-            self.baseline_samples = sampled_tokens(server, self.prompts[0], 2000, 3)
+            self.baseline_samples = sampled_tokens(server, self.prompt(SAMPLING_PROMPT), 2000, 3)
             self.baseline_logprobs = self.logprob_answers(server)
 
         self.with_server(spec, body)
+
+    def margin_pass(self, server: Server, run: GreedyRun, case: str) -> None:
+        """The baseline's top-2 gap along its greedy outputs (what tells a bf16 near-tie from a wrong token);
+        the logprob pass must produce the very tokens of the plain greedy run."""
+        outputs, margins = margin_run(server, self.prompts, self.max_new_tokens)
+        self.margins[server.spec.name] = dict(zip(self.names, margins, strict=True))
+        same = agreement(self.names, outputs, run.outputs)
+        self.record(case, server.spec.name, same.equal == same.prompts,
+                    "" if same.equal == same.prompts else "the logprob pass diverged from the plain greedy run",
+                    **same.as_dict())
+
+    def prompt(self, name: str) -> Prompt:
+        return next(p for p in self.prompts if p.name == name)
+
+    def compare(self, case: str, server: str, names: Sequence[str], outputs: Sequence[Sequence[int]], *,
+                references: Sequence[Sequence[int]], baseline: str) -> None:
+        """Agreement of ``outputs`` with ``references`` and, for each divergence, the baseline's own top-2 gap
+        there (``baseline``: whose greedy outputs and margins to read)."""
+        found = agreement(names, outputs, references)
+        self.agreements[(case, server)] = found
+        greedy = self.hybrid_baseline if baseline.startswith("hybrid") else self.baseline
+        greedy_outputs = dict(zip(self.names, greedy.outputs, strict=True)) if greedy is not None else {}
+        self.divergence_margins[(case, server)] = margins_at_divergence(
+            found.first_divergence, dict(zip(names, references, strict=True)), greedy_outputs,
+            self.margins.get(baseline, {}))
 
     # ---- speculative servers ------------------------------------------------------------------------------
 
@@ -281,7 +347,8 @@ class Suite:
             if self.baseline is None:
                 raise ServerError("no baseline outputs to compare with")
             run = greedy_run(server, self.prompts, self.max_new_tokens)
-            self.agreements[(case, spec.name)] = agreement(self.names, run.outputs, self.baseline.outputs)
+            self.compare(case, spec.name, self.names, run.outputs, references=self.baseline.outputs,
+                         baseline="baseline")
             self.run_figures[(case, spec.name)] = {"accept_length": run.accept_length, "cuda_graphs": graphs,
                                                    "seconds": round(run.seconds, 2), "tokens": run.completion_tokens}
             if spec.cuda_graphs:
@@ -342,6 +409,7 @@ class Suite:
             self.hybrid_baseline = run
             self.record("7. hybrid baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
                         tokens=run.completion_tokens, seconds=round(run.seconds, 2))
+            self.margin_pass(server, run, "7. hybrid baseline greedy with logprobs: same tokens")
 
         self.with_server(spec, body)
 
@@ -353,7 +421,8 @@ class Suite:
             if self.hybrid_baseline is None:
                 raise ServerError("no hybrid baseline outputs to compare with")
             run = greedy_run(server, self.prompts, self.max_new_tokens)
-            self.agreements[(case, spec.name)] = agreement(self.names, run.outputs, self.hybrid_baseline.outputs)
+            self.compare(case, spec.name, self.names, run.outputs, references=self.hybrid_baseline.outputs,
+                         baseline="hybrid-baseline")
             self.run_figures[(case, spec.name)] = {"accept_length": run.accept_length,
                                                    "seconds": round(run.seconds, 2), "tokens": run.completion_tokens}
 
@@ -387,8 +456,8 @@ class Suite:
         comparable = [(n, o, b) for n, o, b in zip(names, outputs, reference, strict=False)
                       if o is not None and b is not None]
         if comparable:
-            self.agreements[("5. load: 16 concurrent == baseline", server.spec.name)] = agreement(
-                [c[0] for c in comparable], [c[1] for c in comparable], [c[2] for c in comparable])
+            self.compare("5. load: 16 concurrent == baseline", server.spec.name, [c[0] for c in comparable],
+                         [c[1] for c in comparable], references=[c[2] for c in comparable], baseline="baseline")
         time.sleep(3.0)  # let the scheduler go idle: its strict memory check runs there
         healthy = server.alive() and server.call("/health_generate", timeout=60).status == 200
         leaks = re.findall(r"[^\n]*memory leak detected[^\n]*", server.log_text())
@@ -401,7 +470,7 @@ class Suite:
         if self.baseline_samples is None:
             self.record("6. sampling distribution", server.spec.name, False, "no baseline samples")
             return
-        ours = sampled_tokens(server, self.prompts[0], len(self.baseline_samples), 3)
+        ours = sampled_tokens(server, self.prompt(SAMPLING_PROMPT), len(self.baseline_samples), 3)
         tests = {}
         ok = True
         # Position 0 comes from the prefill; positions 1 and 2 come from tree verify rounds.
@@ -421,7 +490,7 @@ class Suite:
 
     def logprob_answers(self, server: Server) -> list[dict[str, Any]]:
         """The requests of :data:`REQUEST_LABELS`, greedy (answers, or the HTTP error a request got)."""
-        prompt = self.prompts[1]
+        prompt = self.prompt(REQUEST_PROMPT)
         bodies = [
             ({**GREEDY, "max_new_tokens": 48}, {"return_logprob": True, "top_logprobs_num": 3}),
             ({**GREEDY, "max_new_tokens": 64, "stop_token_ids": [*STOP_TOKEN_IDS, ord("\n")]}, {}),
@@ -448,15 +517,36 @@ class Suite:
                 self.record(f"8. request: {label}", server.spec.name, alive,
                             f"per-request error, server {'kept serving' if alive else 'died'}: {mine['error']}")
                 continue
-            same_tokens = mine["output_ids"] == theirs.get("output_ids")
-            deltas = [abs(a - b) for a, b in zip(mine["logprobs"], theirs.get("logprobs", []), strict=False)
-                      if a is not None and b is not None]
-            figures: dict[str, Any] = {"tokens": len(mine["output_ids"]), "same_tokens_as_baseline": same_tokens}
-            if deltas:
-                figures["max_logprob_delta"] = max(deltas)
-            ok = same_tokens and (not deltas or max(deltas) < 0.05) and len(mine["logprobs"]) in (
-                0, len(mine["output_ids"]))
-            self.record(f"8. request: {label}", server.spec.name, ok, **figures)
+            ok, detail, figures = self.request_verdict(mine, theirs)
+            self.record(f"8. request: {label}", server.spec.name, ok, detail, **figures)
+
+    def request_verdict(self, mine: dict[str, Any], theirs: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
+        """A request's answer against the baseline's: the same tokens, or the same up to a bf16 near-tie (the
+        baseline's top-2 gap there below :data:`TIE_MARGIN`); logprobs on the common part within that gap of the
+        baseline's, one per output token."""
+        reference = theirs.get("output_ids") or []
+        index = first_difference(mine["output_ids"], reference)
+        common = len(mine["output_ids"]) if index is None else index
+        deltas = [abs(a - b) for a, b in zip(mine["logprobs"][:common], theirs.get("logprobs", [])[:common],
+                                             strict=False) if a is not None and b is not None]
+        figures: dict[str, Any] = {"tokens": len(mine["output_ids"]), "same_tokens_as_baseline": index is None}
+        if deltas:
+            figures["max_logprob_delta"] = round(max(deltas), 4)
+        problems = []
+        if index is not None:
+            greedy = self.baseline.outputs[self.names.index(REQUEST_PROMPT)] if self.baseline else []
+            margin = margins_at_divergence({REQUEST_PROMPT: index}, {REQUEST_PROMPT: reference},
+                                           {REQUEST_PROMPT: greedy},
+                                           self.margins.get("baseline", {}))[REQUEST_PROMPT]
+            figures.update(first_divergence=index, baseline_margin_there=margin)
+            if margin is None or margin >= TIE_MARGIN:
+                problems.append(f"leaves the baseline's answer at token {index}, where the baseline's top-2 gap is "
+                                f"{'unknown' if margin is None else round(margin, 3)} (a near-tie is < {TIE_MARGIN})")
+        if deltas and max(deltas) >= TIE_MARGIN:
+            problems.append(f"logprobs differ from the baseline's by up to {max(deltas):.3f} on the common tokens")
+        if len(mine["logprobs"]) not in (0, len(mine["output_ids"])):
+            problems.append(f"{len(mine['logprobs'])} logprobs for {len(mine['output_ids'])} tokens")
+        return not problems, "; ".join(problems), figures
 
     # ---- refusals -----------------------------------------------------------------------------------------
 
@@ -483,23 +573,48 @@ class Suite:
         return self.results + self.verdicts()
 
     def equality_verdicts(self) -> list[CaseResult]:
-        """Exact equality passes; otherwise a run passes only if SGLang's own DFLASH also diverged in the same
-        case and this run's divergence rate is no higher than DFLASH's (measured the same way, same run)."""
+        """Exact equality passes. Otherwise a DDTREE run passes only when SGLang's own DFLASH also diverged from
+        the baseline in the same case (so exact equality is out of reach in this dtype), every one of its
+        divergences sits at a near-tie of the baseline (top-2 gap below :data:`TIE_MARGIN`: a wrong tree or mask
+        leaves the baseline where it is sure), and its divergence rate is not above DFLASH's beyond chance
+        (one-sided Fisher exact test, :data:`RATE_ALPHA`)."""
         verdicts = []
         for (case, name), result in self.agreements.items():
             dflash = next((a for (c, n), a in self.agreements.items() if c == case and n.startswith("dflash")), None)
+            margins = self.divergence_margins.get((case, name), {})
+            figures = {**self.run_figures.get((case, name), {}), **result.as_dict(),
+                       "baseline_margin_at_divergence": {k: None if v is None else round(v, 4)
+                                                         for k, v in margins.items()}}
             if result.equal == result.prompts:
                 ok, detail = True, "token for token equal on every prompt"
             elif name.startswith("dflash"):
                 ok, detail = True, "SGLang's own DFLASH: its divergence rate is the bar for DDTREE in this case"
-            elif dflash is not None and dflash.divergent > 0 and result.rate <= dflash.rate:
-                ok, detail = True, f"diverges on {result.divergent}/{result.prompts}, DFLASH on {dflash.divergent}"
             else:
-                standard = f"DFLASH {dflash.divergent}/{dflash.prompts}" if dflash else "no DFLASH run to compare"
-                ok, detail = False, f"diverges on {result.divergent}/{result.prompts} ({standard})"
-            verdicts.append(CaseResult(case, name, ok, {**self.run_figures.get((case, name), {}), **result.as_dict()},
-                                       detail))
+                ok, detail = self.divergence_verdict(result, dflash, margins, figures)
+            verdicts.append(CaseResult(case, name, ok, figures, detail))
         return verdicts
+
+    @staticmethod
+    def divergence_verdict(result: Agreement, dflash: Agreement | None, margins: dict[str, float | None],
+                           figures: dict[str, Any]) -> tuple[bool, str]:
+        if dflash is None or dflash.divergent == 0:
+            standard = "no DFLASH run to compare" if dflash is None else "DFLASH is exact here"
+            return False, f"diverges on {result.divergent}/{result.prompts} ({standard})"
+        p_value = fisher_one_sided(result.divergent, result.prompts, dflash.divergent, dflash.prompts)
+        figures["fisher_p_vs_dflash"] = round(p_value, 4)
+        unexplained = sorted(n for n in result.first_divergence if (margins.get(n) is None
+                                                                     or margins[n] >= TIE_MARGIN))
+        problems = []
+        if unexplained:
+            problems.append(f"diverges where the baseline is not at a near-tie (gap >= {TIE_MARGIN} or unknown): "
+                            f"{', '.join(unexplained)}")
+        if p_value < RATE_ALPHA:
+            problems.append(f"diverges more often than DFLASH beyond chance (p {p_value:.3g} < {RATE_ALPHA})")
+        summary = (f"diverges on {result.divergent}/{result.prompts}, DFLASH on {dflash.divergent}/{dflash.prompts} "
+                   f"(one-sided Fisher p {p_value:.3g}); ")
+        if problems:
+            return False, summary + "; ".join(problems)
+        return True, summary + f"every divergence at a baseline near-tie (top-2 gap < {TIE_MARGIN})"
 
     def acceptance_verdicts(self) -> list[CaseResult]:
         dflash = self.accept_lengths.get("dflash")
