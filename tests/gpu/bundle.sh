@@ -2,12 +2,12 @@
 # Build, on a machine with PyPI, the SGLang bundle the GPU acceptance suite needs on a GPU machine without network:
 # the cp312 wheels of requirements/sglang-gpu.txt installed into one directory, pruned of what the suite does not
 # load, packed with zstd and cut into pieces small enough to travel one per device call.
-#   tests/gpu/bundle.sh [OUT_DIR] [PIECE_SIZE]    (default .bundle, 52M)
+#   tests/gpu/bundle.sh [OUT_DIR] [PIECE_SIZE]    (default .bundle, 46M)
 # Writes OUT_DIR/pNN pieces, OUT_DIR/SHA256SUMS (of the packed archive) and OUT_DIR/LEFT_OUT (what was pruned, why).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${1:-$repo/.bundle}
-piece=${2:-52M}
+piece=${2:-46M}
 work=$repo/.cache/gpu-bundle
 # pyenv's own interpreter, not its shim (a shim follows whatever `pyenv global` says)
 python=
