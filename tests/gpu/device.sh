@@ -35,6 +35,9 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
         < "$root/site.tar.zst" | tar -x -C "$site"
     fi
     rm -f "$root/site.tar.zst"
+    # Bytecode once, on every core: the wheels were installed with --no-compile, and on the 2026-12-02 run each
+    # server process spent ~40 s before its first log line whatever had run before (nothing cached the bytecode).
+    python3 -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
     touch "$site/.complete"
   fi
   # Wheels added to the bundle after it was carried (requirements/sglang-gpu.txt grew): carried in .bundle/extra.
@@ -48,6 +51,8 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
   # The checkout comes first (its data files and the in-place extension); the install provides the entry point.
   export PYTHONPATH=$repo/ddtree_runtime:$root/ddtree:$site:$site/nvidia_cutlass_dsl/dsl_packages
   export PATH=$site/bin:$PATH
+  # The test machine has no network: nothing may wait on the Hugging Face hub.
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   built=("$repo"/ddtree_runtime/ddtree_runtime/_C*.so)
   stamp=$(cat "$repo"/ddtree_runtime/csrc/* "$repo"/ddtree_runtime/setup.py | sha256sum | cut -c1-16)
   if [ ! -f "${built[0]}" ] || [ "$(cat "$repo/ddtree_runtime/.ext-stamp" 2>/dev/null)" != "$stamp" ]; then

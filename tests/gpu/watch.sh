@@ -15,6 +15,7 @@ start)
   wait_s=${2:?WAIT}; shift 2
   mkdir -p "$acc"
   rm -f "$acc/exit_code"
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
   setsid nohup bash -c '"$0" run python3 -m ddtree_runtime.acceptance --out "$1" "${@:2}"; echo $? > "$1/exit_code"' \
     "$repo/tests/gpu/device.sh" "$acc" "$@" > "$acc/suite.log" 2>&1 < /dev/null &
   echo $! > "$acc/suite.pid"
