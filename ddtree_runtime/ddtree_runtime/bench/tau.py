@@ -21,7 +21,7 @@ from ddtree_runtime.labserver.models import resolve_drafter_dir, resolve_target_
 from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash
 from ddtree_runtime.reference.target import load_target
 from ddtree_runtime.sampling import SamplingParams
-from ddtree_runtime.tokenizer import ByteTokenizer, chat_prompt
+from ddtree_runtime.tokenizer import chat_prompt, load_tokenizer
 
 PROMPTS = [
     "Explain speculative decoding in one paragraph.",
@@ -35,7 +35,8 @@ PROMPTS = [
 ]
 
 
-def load_pair(target: str | None, drafter: str | None, dtype: torch.dtype) -> SpeculativeDecoder:
+def load_pair(target: str | None, drafter: str | None, dtype: torch.dtype) -> tuple[SpeculativeDecoder, Path]:
+    """The decoder and the target's directory (whose tokenizer the prompts use)."""
     if target is None:
         import os  # noqa: PLC0415 - only the random-pair path touches the environment
 
@@ -48,7 +49,13 @@ def load_pair(target: str | None, drafter: str | None, dtype: torch.dtype) -> Sp
         target_dir, model = Path(target), load_target(target, dtype=dtype)
         drafter_dir = Path(drafter) if drafter else None
     draft = DFlashDrafter(load_dflash(drafter_dir, dtype=dtype), model) if drafter_dir else None
-    return SpeculativeDecoder(model, draft)
+    return SpeculativeDecoder(model, draft), target_dir
+
+
+def bench_prompts(target_dir: Path, count: int) -> list[list[int]]:
+    """The first ``count`` prompts as chat prompts, in the ids of the target's tokenizer (:func:`load_tokenizer`)."""
+    tokenizer = load_tokenizer(target_dir)
+    return [tokenizer.encode(chat_prompt([{"role": "user", "content": t}])) for t in PROMPTS[:count]]
 
 
 def run(
@@ -85,9 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    decoder = load_pair(args.target, args.drafter, torch.float32)
-    tokenizer = ByteTokenizer()
-    prompts = [tokenizer.encode(chat_prompt([{"role": "user", "content": t}])) for t in PROMPTS[: args.prompts]]
+    decoder, target_dir = load_pair(args.target, args.drafter, torch.float32)
+    prompts = bench_prompts(target_dir, args.prompts)
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     print(f"prompts={len(prompts)} max_new_tokens={args.max_new_tokens} greedy, threads={args.threads}")
     print("| method | mean tau | tokens | tokens/s (CPU) | output == AR |")
