@@ -137,3 +137,7 @@ def test_recipe_writes_a_hybrid_pair_in_the_real_checkpoints_shapes(smoke_hybrid
         provenance = json.loads((directory / "pivot_model.json").read_text())
         assert provenance["architecture"] == "qwen3_5" and provenance["target_steps"] == 2
         assert provenance["vision_tower"].startswith("transformers' random init")
+    # Like Qwen3.6-27B's checkpoint, the target carries its processor and tokenizer (SGLang loads both at start).
+    assert {"preprocessor_config.json", "video_preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
+            "chat_template.jinja"} <= {p.name for p in target_dir.iterdir()}
+    assert not (drafter_dir / "tokenizer.json").exists()

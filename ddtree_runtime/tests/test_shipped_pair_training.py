@@ -230,7 +230,7 @@ def test_recipe_writes_a_loadable_checksummed_pair(smoke_pair):
         assert json.loads((directory / "config.json").read_text())["torch_dtype"] == "bfloat16"
         provenance = json.loads((directory / "pivot_model.json").read_text())
         assert provenance["random_weights"] is False and provenance["target_steps"] == 3
-        assert not (directory / "tokenizer.json").exists()
+        assert (directory / "tokenizer.json").exists() is (directory == target_dir)
     log = json.loads((smoke_pair / "train_log.json").read_text())["log"]
     assert [e["phase"] for e in log] == ["target"] * 3 + ["drafter"] * 3
 
@@ -247,7 +247,8 @@ def test_checksums_catch_tampering_and_the_cli_reports_it(smoke_pair, tmp_path, 
     assert train_main(["checksums", str(copy)]) == 1
     assert "MISMATCH" in capsys.readouterr().out
     assert train_main(["checksums", "--write", str(copy)]) == 0
-    assert (copy / CHECKSUM_FILE).read_text().count("\n") == 3
+    # TOKENIZER.md is gone; config.json, the weights, pivot_model.json and the three tokenizer files are left
+    assert (copy / CHECKSUM_FILE).read_text().count("\n") == 6
     assert train_main(["checksums", str(copy)]) == 0
 
 

@@ -7,12 +7,14 @@ The target has the layout of the Qwen3.5/3.6 multimodal checkpoints as transform
 ``model.visual.*``), with random weights. It was not compared with the real Qwen3.6-27B ``config.json`` here (no
 download); its scaled-down figures follow the public 27B settings quoted below. The drafter is the z-lab
 style flat DFlash config (``dflash_config.target_layer_ids``, ``mask_token_id``, one sliding-window layer) over the
-target's hidden size. Vocabulary: the shipped pair's byte tokenizer (320 ids), so the suite's prompts apply.
-Nothing is downloaded.
+target's hidden size. Vocabulary: the shipped pair's byte tokenizer (320 ids), so the suite's prompts apply. Like
+Qwen3.6-27B's checkpoint, the target directory carries its processor and tokenizer (:func:`write_hybrid_processor`):
+SGLang loads a multimodal target's processor at start unless ``--skip-tokenizer-init``. Nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,13 @@ import torch
 
 from ddtree_runtime.reference.dflash import DFlashConfig, random_dflash, save_dflash
 from ddtree_runtime.sglang.config import MAX_DRAFT_TOKENS
-from ddtree_runtime.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, ByteTokenizer
+from ddtree_runtime.tokenizer import (
+    HF_TOKENIZER_FILES,
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    ByteTokenizer,
+    write_hf_tokenizer,
+)
 
 HYBRID_LAYERS = 8
 """Layers of the random target: twice ``linear_attention`` x 3, then ``full_attention`` (Qwen3.6's interval of 4)."""
@@ -63,10 +71,48 @@ HYBRID_VISION_CONFIG: dict[str, Any] = {
 # Unused ids of the byte vocabulary stand in for the vision special tokens (248,053-248,057 in Qwen3.6).
 HYBRID_VISION_TOKENS = {"image_token_id": 300, "video_token_id": 301, "vision_start_token_id": 302,
                         "vision_end_token_id": 303}
+HYBRID_VISION_TOKEN_NAMES = {"<|image_pad|>": HYBRID_VISION_TOKENS["image_token_id"],
+                             "<|video_pad|>": HYBRID_VISION_TOKENS["video_token_id"],
+                             "<|vision_start|>": HYBRID_VISION_TOKENS["vision_start_token_id"],
+                             "<|vision_end|>": HYBRID_VISION_TOKENS["vision_end_token_id"]}
+"""The vision tokens as Qwen3-VL/Qwen3.5's processor names them (``Qwen3VLProcessor`` looks them up by these names),
+special tokens of the hybrid target's tokenizer at the ids its config gives."""
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+"""The processor settings Qwen3.6-27B ships (image and video), beside its tokenizer files."""
+QWEN_VL_NORMALIZATION = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+"""Qwen3-VL's pixel normalization (the vision tower here is random; the figures only have to load)."""
+
+
+def processor_configs(vision_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``preprocessor_config.json`` and ``video_preprocessor_config.json`` in the Qwen3-VL/Qwen3.5 form, with the
+    vision tower's patch, merge and temporal patch sizes (the processor cuts images into the patches the tower
+    embeds). Pixel bounds: Qwen3-VL's (not compared with the 27B files here: no download)."""
+    patches = {"patch_size": vision_config["patch_size"], "temporal_patch_size": vision_config["temporal_patch_size"],
+               "merge_size": vision_config["spatial_merge_size"]}
+    common = {**patches, **QWEN_VL_NORMALIZATION, "processor_class": "Qwen3VLProcessor"}
+    return {
+        "preprocessor_config.json": {"size": {"longest_edge": 16_777_216, "shortest_edge": 65_536}, **common,
+                                     "image_processor_type": "Qwen2VLImageProcessorFast"},
+        "video_preprocessor_config.json": {"size": {"longest_edge": 25_165_824, "shortest_edge": 4096}, **common,
+                                           "video_processor_type": "Qwen3VLVideoProcessor"},
+    }
+
+
+def write_hybrid_processor(directory: Path, vision_config: dict[str, Any] | None = None) -> list[Path]:
+    """The processor and tokenizer files of a Qwen3.5/3.6 target into ``directory``: :data:`PROCESSOR_FILES` and the
+    byte tokenizer with the vision tokens (:data:`HYBRID_VISION_TOKEN_NAMES`) as special tokens."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = write_hf_tokenizer(directory, HYBRID_VISION_TOKEN_NAMES)
+    for name, config in processor_configs(vision_config or HYBRID_VISION_CONFIG).items():
+        path = directory / name
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        written.append(path)
+    return written
 
 
 def write_hybrid_target(directory: Path, seed: int = 0) -> Path:
-    """A random ``Qwen3_5ForConditionalGeneration`` checkpoint (bf16 safetensors + config.json) in ``directory``."""
+    """A random ``Qwen3_5ForConditionalGeneration`` checkpoint (bf16 safetensors + config.json) in ``directory``, with
+    its processor and tokenizer (:func:`write_hybrid_processor`)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration  # noqa: PLC0415 - transformers >= 5
 
     config = Qwen3_5Config(text_config=dict(HYBRID_TEXT_CONFIG), vision_config=dict(HYBRID_VISION_CONFIG),
@@ -75,6 +121,7 @@ def write_hybrid_target(directory: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config).to(torch.bfloat16)
     model.save_pretrained(directory)
+    write_hybrid_processor(directory)
     return directory
 
 
@@ -103,10 +150,13 @@ def write_hybrid_drafter(directory: Path, seed: int = 1) -> Path:
 
 
 def write_hybrid_pair(root: Path) -> tuple[Path, Path]:
-    """Both models under ``root`` (written once; a later run reuses them)."""
+    """Both models under ``root`` (written once; a later run reuses them, and adds the target's processor and
+    tokenizer where an earlier version wrote the target without them)."""
     target, drafter = root / "hybrid-target", root / "hybrid-dflash"
     if not (target / "config.json").is_file():
         write_hybrid_target(target)
+    elif not all((target / name).is_file() for name in (*PROCESSOR_FILES, *HF_TOKENIZER_FILES)):
+        write_hybrid_processor(target)
     if not (drafter / "config.json").is_file():
         write_hybrid_drafter(drafter)
     return target, drafter

@@ -1,9 +1,10 @@
-"""Command line: make the pair, a random drafter for comparison, the held-out prompt file, or checksums.
+"""Command line: the pair, a random drafter for comparison, held-out prompts, checksums, tokenizer files.
 
     python -m ddtree_runtime.train pair --out DIR [--shape tiny|tiny-hybrid] [--device cuda] [--target-seconds 150] ...
     python -m ddtree_runtime.train random-drafter --like DRAFTER_DIR --out DIR [--seed 7]
     python -m ddtree_runtime.train held-out-prompts --out FILE [--count 12]
     python -m ddtree_runtime.train checksums DIR [--write]
+    python -m ddtree_runtime.train tokenizer-files DIR...
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import torch
 from ddtree_runtime.reference import DFlashConfig, random_dflash, save_dflash
 from ddtree_runtime.train.corpus import list_sources, split_sources, stdlib_root
 from ddtree_runtime.train.loop import DraftSettings
-from ddtree_runtime.train.pair import SHAPES, verify_checksums, write_checksums
+from ddtree_runtime.train.pair import (
+    CHECKSUM_FILE,
+    SHAPES,
+    verify_checksums,
+    write_checksums,
+    write_tokenizer_files,
+)
 from ddtree_runtime.train.pipeline import PairRecipe, make_pair
 from ddtree_runtime.train.prompts import held_out_prompts
 
@@ -64,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     sums = sub.add_parser("checksums", help="verify (or --write) SHA256SUMS of model directories")
     sums.add_argument("dirs", type=Path, nargs="+")
     sums.add_argument("--write", action="store_true")
+    tok = sub.add_parser("tokenizer-files", help="(re)write the tokenizer note and a target's Hugging Face tokenizer "
+                                                 "files in model directories, then their SHA256SUMS")
+    tok.add_argument("dirs", type=Path, nargs="+")
     return p
 
 
@@ -118,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         make_pair(recipe_from(args), args.out, args.device, args.stdlib)
     elif args.command == "random-drafter":
         write_random_drafter(args.like, args.out, args.seed)
+    elif args.command == "tokenizer-files":
+        for directory in args.dirs:
+            written = write_tokenizer_files(directory)
+            write_checksums(directory)
+            print(f"{directory}: {', '.join(path.name for path in written)}, {CHECKSUM_FILE}")
     elif args.command == "held-out-prompts":
         _unused, held_out = split_sources(list_sources(args.stdlib or stdlib_root()))
         records = held_out_prompts(held_out, args.count)
