@@ -15,6 +15,13 @@ verdicts and reports can be tested without a GPU. Behaviour (environment):
 - ``FAKE_SGLANG_FAIL_BATCH`` / ``FAKE_SGLANG_FAIL_MAX_NEW_TOKENS``: a ``/generate`` call with this many prompts / this
   ``max_new_tokens`` is answered with HTTP 500.
 
+The tokenizer, as SGLang 0.5.23 handles it: without ``--skip-tokenizer-init`` the server loads the model's tokenizer
+at start and exits 1 when the model directory has none (no ``tokenizer.json``; for a multimodal config, one with
+``vision_config``, no ``preprocessor_config.json``: the first GPU run's hybrid failure), and answers carry ``text``;
+it then honours stop strings (a one-character string stops after that byte) and the regex ``[a-z ]+`` (greedy tokens
+mapped into it). With ``--skip-tokenizer-init`` it loads none and answers a request with a stop string or a grammar
+with HTTP 400 and SGLang's messages.
+
 Every ``/generate`` call takes time like a server decoding: :func:`round_seconds` per decode round of its longest
 answer (a token for the baseline, a verify round of ``ceil(tokens / ACCEPT)`` for the speculative algorithms, whose
 rounds cost more with a larger DDTREE budget). ``meta_info`` carries ``completion_tokens`` and, on speculative
@@ -30,9 +37,12 @@ import subprocess
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 ACCEPT = {None: 1, "DFLASH": 2, "DDTREE": 3}
+GRAMMAR = "[a-z ]+"
+"""The one regex the stand-in honours (the suite's grammar request)."""
 
 
 def flag(argv: list[str], name: str) -> str | None:
@@ -55,10 +65,40 @@ def decode_rounds(tokens: int, algorithm: str | None) -> int:
     return -(-tokens // ACCEPT[algorithm])
 
 
-def greedy(ids: list[int], count: int, stop: set[int], diverge: bool) -> list[int]:
+def tokenizer_problem(argv: list[str]) -> str | None:
+    """What SGLang's start fails with when it must load the model's tokenizer (and processor) and cannot."""
+    if "--skip-tokenizer-init" in argv:
+        return None
+    model = Path(flag(argv, "--model-path") or ".")
+    config = json.loads((model / "config.json").read_text()) if (model / "config.json").is_file() else {}
+    if "vision_config" in config and not (model / "preprocessor_config.json").is_file():
+        return (f"OSError: Can't load image processor for '{model}'. ... make sure '{model}' is the correct path to a "
+                "directory containing a preprocessor_config.json file")
+    if not (model / "tokenizer.json").is_file():
+        return f"OSError: Can't load tokenizer for '{model}': no tokenizer.json"
+    return None
+
+
+def request_problem(params: dict[str, Any], tokenizer: bool) -> str | None:
+    """SGLang's per-request refusals without a tokenizer (HTTP 400), and what the stand-in cannot do."""
+    if params.get("stop") and not tokenizer:
+        return (f"stop={params['stop']!r} is unavailable when skip_tokenizer_init=True (requires tokenizer to decode "
+                "tokens to text for matching).")
+    if params.get("regex") is not None:
+        if not tokenizer:
+            return ("Grammar-based generation (json_schema, regex, ebnf, structural_tag) is not supported when the "
+                    "server is launched with --grammar-backend none")
+        if params["regex"] != GRAMMAR:
+            return f"the stand-in honours only the regex {GRAMMAR!r}"
+    return None
+
+
+def greedy(ids: list[int], count: int, stop: set[int], diverge: bool, grammar: bool = False) -> list[int]:
     out = []
     for i in range(count):
         token = (sum(ids) * 7 + i * 13) % 256
+        if grammar:
+            token = ord(" ") if token % 27 == 26 else ord("a") + token % 27
         out.append(token)
         if token in stop:
             break
@@ -67,11 +107,13 @@ def greedy(ids: list[int], count: int, stop: set[int], diverge: bool) -> list[in
     return out
 
 
-def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> list[dict[str, Any]]:
+def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random, tokenizer: bool) -> list[dict[str, Any]]:
     params = body.get("sampling_params", {})
     count = int(params.get("max_new_tokens", 16))
     ignore_eos = bool(params.get("ignore_eos", False))
     stop = set() if ignore_eos else set(params.get("stop_token_ids") or [])
+    stop |= {ord(text) for text in params.get("stop") or [] if len(text) == 1 and ord(text) < 128}
+    grammar = params.get("regex") == GRAMMAR
     eos_after = None if ignore_eos else env_int("FAKE_SGLANG_EOS_AFTER")
     answers = []
     for index, ids in enumerate(body["input_ids"]):
@@ -79,7 +121,7 @@ def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> l
             tokens = [rng.choices(range(10), weights=range(1, 11))[0] for _unused in range(count)]
         else:
             diverge = index == 0 and os.environ.get("FAKE_SGLANG_DIVERGE") == algorithm and algorithm is not None
-            tokens = greedy(ids, count if eos_after is None else min(count, eos_after), stop, diverge)
+            tokens = greedy(ids, count if eos_after is None else min(count, eos_after), stop, diverge, grammar)
         meta: dict[str, Any] = {"completion_tokens": len(tokens)}
         if algorithm is not None:
             meta["spec_verify_ct"] = decode_rounds(len(tokens), algorithm)
@@ -89,7 +131,10 @@ def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random) -> l
                 gap = float(os.environ.get("FAKE_SGLANG_TOP2_GAP", "0.2"))  # default: every position a near-tie
                 meta["output_top_logprobs"] = [[[-0.25, token, None], [-0.25 - gap, (token + 1) % 256, None]]
                                                for token in tokens]
-        answers.append({"output_ids": tokens, "meta_info": meta})
+        one: dict[str, Any] = {"output_ids": tokens, "meta_info": meta}
+        if tokenizer:
+            one["text"] = bytes(t for t in tokens if t < 256).decode(errors="replace")
+        answers.append(one)
     return answers
 
 
@@ -106,6 +151,7 @@ def refusal(body: dict[str, Any]) -> str | None:
 
 def serve(argv: list[str]) -> None:
     algorithm = flag(argv, "--speculative-algorithm")
+    tokenizer = "--skip-tokenizer-init" not in argv
     rng = random.Random(0)
     width = 1
     budget = int(os.environ.get("DDTREE_BUDGET", "15")) if algorithm == "DDTREE" else 0
@@ -152,7 +198,11 @@ def serve(argv: list[str]) -> None:
             if problem is not None:
                 self.reply(500, {"error": {"message": problem}})
                 return
-            answers = answer(body, algorithm, rng)
+            problem = request_problem(body.get("sampling_params", {}), tokenizer)
+            if problem is not None:
+                self.reply(400, {"error": {"message": problem}})
+                return
+            answers = answer(body, algorithm, rng, tokenizer)
             rounds = max(decode_rounds(a["meta_info"]["completion_tokens"], algorithm) for a in answers)
             time.sleep(rounds * round_seconds(algorithm, budget))
             self.reply(200, answers)
@@ -173,6 +223,10 @@ def main() -> None:
     if mode == "refuse":
         time.sleep(0.2)
         print(os.environ.get("FAKE_SGLANG_MESSAGE", "refused"))
+        sys.exit(1)
+    problem = tokenizer_problem(argv)
+    if problem is not None:
+        print(problem)
         sys.exit(1)
     serve(argv)
 

@@ -29,6 +29,7 @@ from ddtree_runtime.acceptance.launch import (
 from ddtree_runtime.acceptance.measure import TimedCall, ratio
 from ddtree_runtime.acceptance.plan import (
     Step,
+    baseline_spec,
     ddtree_spec,
     dflash_spec,
     full_plan,
@@ -40,6 +41,7 @@ from ddtree_runtime.acceptance.plan import (
 from ddtree_runtime.acceptance.prompts import load_mix, suite_prompts
 from ddtree_runtime.acceptance.round_cost import (
     LONG_NEW_TOKENS,
+    NO_TOKENIZER_FLAGS,
     ROUND_COST_DRAFTER,
     ROUND_COST_TARGET,
     SHORT_NEW_TOKENS,
@@ -71,6 +73,7 @@ from ddtree_runtime.acceptance.throughput import BATCH_1_REQUESTS, throughput_ro
 from ddtree_runtime.model_layout import pair_problem
 from ddtree_runtime.reference.dflash import DFlashConfig
 from ddtree_runtime.reference.qwen3 import Qwen3Config, rope_theta_from
+from ddtree_runtime.tokenizer import HF_TOKENIZER_FILES
 
 FAKE = Path(__file__).with_name("fake_sglang.py")
 
@@ -142,6 +145,7 @@ def test_server_command_and_environment_select_the_plugin_like_the_unit() -> Non
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "16"
     assert argv[argv.index("--dtype") + 1] == "float16"
     assert "--disable-cuda-graph" not in argv and set(COMMON_FLAGS) <= set(argv)
+    assert "--skip-tokenizer-init" not in argv, "the servers load the model's tokenizer (stop strings, grammars)"
     env = server_environment(spec, {"DDTREE_TOPK": "3", "PATH": "/bin"})
     assert env["SGLANG_PLUGINS"] == "ddtree" and env["DDTREE_BUDGET"] == "64" and env["PATH"] == "/bin"
     assert "DDTREE_TOPK" not in env, "a caller's DDTREE_* must not leak into a server"
@@ -168,7 +172,7 @@ def test_plan_steps_and_refusals() -> None:
 
 def test_suite_passes_a_server_pair_that_agrees(tmp_path: Path, fake_python: str) -> None:
     suite = make_suite(tmp_path, fake_python)
-    suite.run_baseline(ServerSpec("baseline", tmp_path))
+    suite.run_baseline(baseline_spec())
     suite.run_speculative(ddtree_spec(64), load=True, sampling=True, requests=True)
     suite.run_speculative(dflash_spec(), load=True, sampling=False, requests=False)
     results = by_case(suite)
@@ -188,13 +192,44 @@ def test_suite_passes_a_server_pair_that_agrees(tmp_path: Path, fake_python: str
     tau = {r.server: r.figures["accept_length"] for r in suite.all_results() if r.case.startswith("3.")}
     assert tau["ddtree-b64"] > 2.5
     assert all(entry["exit_code"] is not None for entry in suite.servers)
+    # With the model's tokenizer loaded, the stop string and the grammar are answered, not refused per request.
+    assert suite.baseline_logprobs is not None and all(a["ok"] for a in suite.baseline_logprobs)
+    grammar = suite.baseline_logprobs[3]["output_ids"]
+    assert grammar and all(chr(t) in "abcdefghijklmnopqrstuvwxyz " for t in grammar)
+    requests = [r for r in suite.results if r.case.startswith("8. request")]
+    assert len(requests) == 4 and all(r.ok and not r.detail for r in requests)
+
+
+def test_without_a_tokenizer_stop_strings_and_grammars_are_refused_per_request(tmp_path: Path,
+                                                                               fake_python: str) -> None:
+    """How the first GPU run served (``--skip-tokenizer-init``): SGLang refused both requests, the server went on."""
+    suite = make_suite(tmp_path, fake_python)
+    suite.run_baseline(baseline_spec())
+    suite.run_speculative(ddtree_spec(64, extra_flags=NO_TOKENIZER_FLAGS), load=False, sampling=False,
+                          requests=True)
+    lines = {r.case: r for r in suite.results if r.case.startswith("8. request") and r.server == "ddtree-b64"}
+    assert "skip_tokenizer_init=True" in lines["8. request: stop string"].detail
+    assert "--grammar-backend none" in lines["8. request: grammar (regex)"].detail
+    assert not lines["8. request: logprobs (top 3)"].detail and not lines["8. request: stop token id"].detail
+
+
+def test_a_server_needs_its_models_tokenizer_unless_told_to_skip_it(tmp_path: Path, fake_python: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    server = start_server(ServerSpec("no-tokenizer", tmp_path), fake_python, tmp_path)
+    assert server.wait_exit(30) == 1 and "tokenizer.json" in server.log_text()
+    server.stop()
+    skipping = start_server(ServerSpec("skip", tmp_path, extra_flags=NO_TOKENIZER_FLAGS), fake_python, tmp_path)
+    try:
+        skipping.wait_healthy(30)
+    finally:
+        skipping.stop()
 
 
 def test_divergence_fails_unless_dflash_diverges_as_often(tmp_path: Path, fake_python: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_SGLANG_DIVERGE", "DDTREE")
     suite = make_suite(tmp_path, fake_python)
-    suite.run_baseline(ServerSpec("baseline", tmp_path))
+    suite.run_baseline(baseline_spec())
     suite.run_speculative(ddtree_spec(16), load=False, sampling=False, requests=False)
     suite.run_speculative(dflash_spec(), load=False, sampling=False, requests=False)
     def verdict() -> CaseResult:
@@ -218,7 +253,7 @@ def test_divergence_where_the_baseline_is_sure_fails_even_when_dflash_diverges(
     monkeypatch.setenv("FAKE_SGLANG_DIVERGE", "DDTREE")
     monkeypatch.setenv("FAKE_SGLANG_TOP2_GAP", "3.0")
     suite = make_suite(tmp_path, fake_python)
-    suite.run_baseline(ServerSpec("baseline", tmp_path))
+    suite.run_baseline(baseline_spec())
     suite.run_speculative(ddtree_spec(16), load=False, sampling=False, requests=False)
     suite.agreements[("2. greedy == baseline", "dflash")] = Agreement(7, 6, {"x": 3})
     verdict = next(r for r in suite.all_results() if r.case == "2. greedy == baseline" and r.server == "ddtree-b16")
@@ -279,7 +314,7 @@ def test_stop_ends_the_server_and_what_it_started(tmp_path: Path, fake_python: s
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("FAKE_SGLANG_CHILD_PID_FILE", str(pid_file))
-    server = start_server(ServerSpec("baseline", tmp_path), fake_python, tmp_path)
+    server = start_server(baseline_spec(), fake_python, tmp_path)
     server.wait_healthy(30)
     child = int(pid_file.read_text())
     os.kill(child, 0)
@@ -299,7 +334,7 @@ def test_stop_ends_the_server_and_what_it_started(tmp_path: Path, fake_python: s
 
 def test_state_resumes_and_refuses_other_settings(tmp_path: Path, fake_python: str) -> None:
     suite = make_suite(tmp_path, fake_python)
-    suite.run_baseline(ServerSpec("baseline", tmp_path))
+    suite.run_baseline(baseline_spec())
     suite.save()
     later = make_suite(tmp_path, fake_python)
     later.resume()
@@ -323,7 +358,12 @@ def test_command_skips_without_a_gpu_and_says_why(tmp_path: Path) -> None:
 
 def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> None:
     pytest.importorskip("transformers", minversion="5")
-    from ddtree_runtime.acceptance.hybrid import HYBRID_TEXT_CONFIG, write_hybrid_pair  # noqa: PLC0415
+    from ddtree_runtime.acceptance.hybrid import (  # noqa: PLC0415
+        HYBRID_TEXT_CONFIG,
+        HYBRID_VISION_TOKEN_NAMES,
+        PROCESSOR_FILES,
+        write_hybrid_pair,
+    )
     from safetensors import safe_open  # noqa: PLC0415
     from transformers import AutoConfig, AutoModelForImageTextToText  # noqa: PLC0415
 
@@ -347,10 +387,40 @@ def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> 
     assert flat["architectures"] == ["DFlashDraftModel"] and flat["hidden_size"] == HYBRID_TEXT_CONFIG["hidden_size"]
     assert pair_problem(target, drafter) is None
     assert flat["block_size"] == 16 and "sliding_attention" in flat["layer_types"]
-    # written once: a second call reuses the checkpoint
+    # Like Qwen3.6-27B, the target carries its processor and tokenizer (SGLang loads them at start).
+    written = {p.name for p in target.iterdir()}
+    assert {*PROCESSOR_FILES, *HF_TOKENIZER_FILES} <= written
+    assert not {*PROCESSOR_FILES, *HF_TOKENIZER_FILES} & {p.name for p in drafter.iterdir()}
+    vision = {name: raw[key] for name, key in (("<|image_pad|>", "image_token_id"), ("<|video_pad|>", "video_token_id"),
+                                                ("<|vision_start|>", "vision_start_token_id"),
+                                                ("<|vision_end|>", "vision_end_token_id"))}
+    assert vision == HYBRID_VISION_TOKEN_NAMES
+    added = {t["content"]: t["id"] for t in json.loads((target / "tokenizer.json").read_text())["added_tokens"]}
+    assert {name: added[name] for name in vision} == vision
+    image = json.loads((target / "preprocessor_config.json").read_text())
+    assert (image["patch_size"], image["merge_size"], image["temporal_patch_size"]) == (
+        raw["vision_config"]["patch_size"], raw["vision_config"]["spatial_merge_size"],
+        raw["vision_config"]["temporal_patch_size"])
+    # written once: a second call reuses the checkpoint, and gives a target written before the processor was (the
+    # first GPU run's) its processor and tokenizer
     stamp = (target / "config.json").stat().st_mtime_ns
+    for name in (*PROCESSOR_FILES, *HF_TOKENIZER_FILES):
+        (target / name).unlink()
     write_hybrid_pair(tmp_path)
     assert (target / "config.json").stat().st_mtime_ns == stamp
+    assert {*PROCESSOR_FILES, *HF_TOKENIZER_FILES} <= {p.name for p in target.iterdir()}
+
+
+def test_the_hybrid_step_starts_its_servers_with_the_processor(tmp_path: Path, fake_python: str,
+                                                               on_a_gpu_machine: None) -> None:
+    """Finding 1 of the first GPU run, against the stand-in (which exits as SGLang did without the processor)."""
+    pytest.importorskip("transformers", minversion="5")
+    assert acceptance_main(["--out", str(tmp_path), "--python", fake_python, "--only", "hybrid",
+                            "--max-new-tokens", "24", "--health-timeout", "30"]) == 0
+    state, results, _markdown = read_outputs(tmp_path)
+    assert [entry["name"] for entry in state["servers"]] == ["hybrid-baseline", "ddtree-hybrid-b16", "dflash-hybrid"]
+    assert all("--skip-tokenizer-init" not in entry["command"] for entry in state["servers"])
+    assert results["results"] and all(r["ok"] for r in results["results"])
 
 
 def test_run_steps_saves_after_each_skips_finished_ones_and_stops_on_time(tmp_path: Path) -> None:
@@ -389,6 +459,7 @@ def test_self_check_random_pair_loads_in_the_reference_engine(tmp_path: Path) ->
 
     target, drafter = write_random_dense_pair(tmp_path)
     assert load_qwen3(target).config.head_dim == 64
+    assert {p.name for p in target.iterdir()} >= set(HF_TOKENIZER_FILES), "SGLang loads the target's tokenizer"
     assert load_dflash(drafter).config.target_layer_ids == [0, 1]
     assert pair_problem(target, drafter) is None
 
@@ -493,6 +564,7 @@ def test_round_cost_step_serves_config_only_models_with_random_weights(tmp_path:
     target, drafter = round_cost_dirs(tmp_path / "models")
     for name, argv in servers.items():
         assert argv[argv.index("--load-format") + 1] == "dummy" and set(COMMON_FLAGS) <= set(argv)
+        assert "--skip-tokenizer-init" in argv, "config-only models have no tokenizer for SGLang to load"
         assert argv[argv.index("--model-path") + 1] == str(target)
         if name == "8b-baseline":
             assert "--speculative-draft-load-format" not in argv and "--speculative-algorithm" not in argv
@@ -566,7 +638,7 @@ def test_an_http_error_while_measuring_is_a_failed_case_line(tmp_path: Path, fak
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_SGLANG_FAIL_BATCH", "16")
     suite = make_suite(tmp_path, fake_python)
-    suite.run_baseline(ServerSpec("baseline", tmp_path))
+    suite.run_baseline(baseline_spec())
     suite.run_speculative(dflash_spec(), load=False, sampling=False, requests=False)
     failed = {(r.case, r.server): r.detail for r in suite.all_results() if not r.ok}
     assert set(failed) == {("throughput at batch 16", "baseline"), ("throughput at batch 16", "dflash")}

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 COMMON_FLAGS: tuple[str, ...] = (
-    "--skip-tokenizer-init",  # the tiny pair has a byte tokenizer, no HF tokenizer: requests carry input_ids
+    # No --skip-tokenizer-init: the models ship their tokenizer (the byte vocabulary as a Hugging Face tokenizer), so
+    # SGLang loads it, and with it the processor of a multimodal target, stop strings and the xgrammar grammar
+    # backend (SGLang's default). Requests still carry input_ids; answers still carry output_ids.
     "--attention-backend", "triton",
     "--sampling-backend", "pytorch",
     "--mem-fraction-static", "0.25",

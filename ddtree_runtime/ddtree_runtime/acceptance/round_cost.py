@@ -1,10 +1,10 @@
 """Round cost at real size: milliseconds per decode round of a Qwen3-8B-shaped target with a 1B-shaped drafter.
 
-The models are config-only directories (``config.json``, no weights; nothing is downloaded): the target has
-Qwen3-8B's shape (:data:`ROUND_COST_TARGET`), the drafter the shape of z-lab's Qwen3-8B-DFlash-b16 (five decoder
-layers of the target's width, :data:`ROUND_COST_DRAFTER`). Servers load them with random weights
-(:data:`RANDOM_TARGET_FLAGS`, :data:`RANDOM_PAIR_FLAGS`): the acceptance length they reach says nothing, the time a
-round takes is the figure.
+The models are config-only directories (``config.json``, no weights, no tokenizer; nothing is downloaded): the
+target has Qwen3-8B's shape (:data:`ROUND_COST_TARGET`), the drafter the shape of z-lab's Qwen3-8B-DFlash-b16 (five
+decoder layers of the target's width, :data:`ROUND_COST_DRAFTER`). Servers load them with random weights and without a
+tokenizer (:data:`RANDOM_TARGET_FLAGS`, :data:`RANDOM_PAIR_FLAGS`): the acceptance length they reach says nothing, the
+time a round takes is the figure.
 
 Each server, once started, answers one warm-up request and then the same prompt (:func:`round_cost_prompt`, batch 1,
 greedy, ``ignore_eos``) at two output lengths. The difference between the two removes the prefill, so
@@ -72,8 +72,13 @@ ROUND_COST_DRAFTER = DFlashConfig(
 MODEL_DTYPE = "bfloat16"
 """``torch_dtype`` written into both configs (the servers get ``--dtype`` from the suite either way)."""
 
-RANDOM_TARGET_FLAGS = ("--load-format", "dummy")
-"""SGLang fills the target's weights with random values instead of reading a checkpoint."""
+NO_TOKENIZER_FLAGS = ("--skip-tokenizer-init",)
+"""The config-only models have no tokenizer (Qwen3-8B's vocabulary of 151,936 is not shipped): SGLang must not load
+one. Requests carry ``input_ids`` (:func:`round_cost_prompt`) and use no stop string or grammar, so nothing here
+needs it. Every other server of the suite loads its model's tokenizer."""
+RANDOM_TARGET_FLAGS = ("--load-format", "dummy", *NO_TOKENIZER_FLAGS)
+"""SGLang fills the target's weights with random values instead of reading a checkpoint (and loads no tokenizer:
+:data:`NO_TOKENIZER_FLAGS`)."""
 RANDOM_PAIR_FLAGS = (*RANDOM_TARGET_FLAGS, "--speculative-draft-load-format", "dummy")
 """The same for the drafter (SGLang would otherwise take ``--load-format`` for it too; said explicitly here)."""
 

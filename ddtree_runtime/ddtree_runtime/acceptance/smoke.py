@@ -1,9 +1,10 @@
 """A short real DDTREE start for ``python -m ddtree_runtime.check`` on a serving host with SGLang and a free GPU.
 
-A small random dense pair (Qwen3 target with head_dim 64, DFlash drafter) is written to a temporary directory (the
-installed package does not carry the shipped pair), stock ``sglang.launch_server`` serves it with
-``--speculative-algorithm DDTREE`` the way the suite does, and the check passes when ``/health_generate`` answers,
-``/server_info`` reports DDTREE and a greedy request returns tokens. The server is stopped by PID either way.
+A small random dense pair (Qwen3 target with head_dim 64 and the byte tokenizer's Hugging Face files, DFlash drafter)
+is written to a temporary directory (the installed package does not carry the shipped pair), stock
+``sglang.launch_server`` serves it with ``--speculative-algorithm DDTREE`` the way the suite does, and the check passes
+when ``/health_generate`` answers, ``/server_info`` reports DDTREE and a greedy request returns tokens. The server is
+stopped by PID either way.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from ddtree_runtime.eval.tasks import CODING_TASKS
 from ddtree_runtime.reference.dflash import DFlashConfig, random_dflash, save_dflash
 from ddtree_runtime.reference.qwen3 import Qwen3Config, random_qwen3, save_qwen3
 from ddtree_runtime.sglang.config import MAX_DRAFT_TOKENS
-from ddtree_runtime.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, ByteTokenizer
+from ddtree_runtime.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, ByteTokenizer, write_hf_tokenizer
 
 SMOKE_BUDGET = 16
 
 
 def write_random_dense_pair(root: Path) -> tuple[Path, Path]:
     """A random Qwen3 target and DFlash drafter under ``root`` (head_dim 64: SGLang's bf16 drafter kernels need
-    head_dim / 2 to be a power of two; three target layers: SGLang cannot capture the last one for the drafter)."""
+    head_dim / 2 to be a power of two; three target layers: SGLang cannot capture the last one for the drafter). The
+    target carries the byte tokenizer's Hugging Face files, which SGLang loads (the suite's servers run with their
+    tokenizer)."""
     target = Qwen3Config(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
                          eos_token_id=sorted(ByteTokenizer.eos_token_ids))
@@ -35,6 +38,7 @@ def write_random_dense_pair(root: Path) -> tuple[Path, Path]:
                            max_position_embeddings=4096)
     target_dir, drafter_dir = root / "target", root / "dflash"
     save_qwen3(random_qwen3(target, seed=0), target_dir)
+    write_hf_tokenizer(target_dir)
     save_dflash(random_dflash(drafter, seed=1), drafter_dir)
     return target_dir, drafter_dir
 
