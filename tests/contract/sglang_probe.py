@@ -10,7 +10,9 @@
   (``record_foreign_defaults``) and report the declared resolutions and the two widths;
 - ``hooks``: the hook targets after ``load_plugins()`` are the plugin's wrappers, and the worker class;
 - ``greedy-verify SEED``: SGLang's Triton greedy tree-verify kernel (interpreter mode, CPU) on trees laid out
-  by ddtree_runtime, against ddtree_runtime's reference walk.
+  by ddtree_runtime, against ddtree_runtime's reference walk;
+- ``acceptance-tokenizers``: the acceptance suite's models loaded as its servers load them at start (tokenizer,
+  multimodal processor, xgrammar grammar backend), and the hybrid target without its processor files.
 
 ``python sglang_probe.py serve`` imports SGLang's heavy modules once (about 9 s), then answers one request per stdin
 line (``{"command", "args", "env"}``) with one stdout line (``{"rc", "stdout", "stderr"}``). Each request runs in a
@@ -156,7 +158,8 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
             outcome[spec.name] = {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
                                   "draft_tokens": args.speculative_num_draft_tokens,
                                   "load_format": args.load_format,
-                                  "draft_load_format": args.speculative_draft_load_format}
+                                  "draft_load_format": args.speculative_draft_load_format,
+                                  "skip_tokenizer_init": args.skip_tokenizer_init}
         except BaseException as error:  # argparse exits with SystemExit; the plugin raises ValueError
             outcome[spec.name] = {"ok": False, "expected": expected,
                                   "error": f"{type(error).__name__}: {error}\n{stderr.getvalue()[-2000:]}"}
@@ -164,6 +167,149 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
             os.environ.clear()
             os.environ.update(saved)
     return {"specs": outcome, "hybrid_flags": list(HYBRID_FLAGS)}
+
+
+GRAMMAR = "[a-z ]+"
+"""The acceptance suite's grammar request (case 8)."""
+
+
+def _uvloop_or_stand_in() -> None:
+    """``tokenizer_manager`` (where ``get_processor_wrapper`` lives) imports uvloop only to set the event loop policy;
+    the contract venv does not install it (the GPU bundle does), so an absent one is stood in for by asyncio's."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        import asyncio
+        import types
+
+        stand_in = types.ModuleType("uvloop")
+        stand_in.EventLoopPolicy = asyncio.DefaultEventLoopPolicy  # type: ignore[attr-defined]
+        sys.modules["uvloop"] = stand_in
+
+
+def _allowed(grammar: Any, vocab_size: int) -> list[int]:
+    """The token ids SGLang's own mask leaves to sampling after ``grammar``'s current state."""
+    import torch
+
+    mask = grammar.allocate_vocab_mask(vocab_size, 1, "cpu")
+    grammar.fill_vocab_mask(mask, 0)
+    logits = torch.zeros(1, vocab_size)
+    grammar.apply_vocab_mask(logits, mask)
+    return [i for i in range(vocab_size) if logits[0, i] > float("-inf")]
+
+
+def _tokenizer_start(argv: list[str]) -> dict[str, Any]:
+    """What a server started with ``argv`` makes of its model's tokenizer on start, as SGLang 0.5.23 does it:
+    ``TokenizerManager.init_tokenizer_and_processor`` (a multimodal model: ``get_processor_wrapper`` and
+    ``get_mm_processor``; otherwise ``get_tokenizer``) and the scheduler's ``GrammarManager``
+    (``create_grammar_backend`` with the model's vocabulary size and EOS ids), then the suite's regex through SGLang's
+    own vocab mask."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.constrained.base_grammar_backend import create_grammar_backend
+    from sglang.srt.runtime_context import get_exec, get_model, get_serving, override_platform, publish
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils.hf_transformers.common import get_tokenizer_from_processor
+    from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
+
+    _loaded()
+    args = prepare_server_args(argv)
+    args.device = "cuda"  # what the GPU host resolves
+    override_platform(is_cuda=True).install()  # the hybrid's mamba extra_buffer asks the platform (a CUDA host)
+    publish(args, role="tokenizer")
+    config = ModelConfig.from_server_args(args)
+    outcome: dict[str, Any] = {"skip_tokenizer_init": get_serving().skip_tokenizer_init,
+                               "grammar_backend": get_exec().kernel.grammar_backend,
+                               "multimodal": config.is_multimodal, "vocab_size": config.vocab_size,
+                               "eos": sorted(config.hf_eos_token_id or [])}
+    if get_serving().skip_tokenizer_init:
+        return outcome
+    if config.is_multimodal:
+        _uvloop_or_stand_in()
+        from sglang.srt.managers.multimodal_processor import get_mm_processor, import_processors
+        from sglang.srt.managers.tokenizer_manager import get_processor_wrapper
+        from sglang.srt.multimodal.transport import determine_tensor_transport_mode
+
+        import_processors("sglang.srt.multimodal.processors")
+        processor = get_processor_wrapper()
+        mm = get_mm_processor(config.hf_config, args, processor, determine_tensor_transport_mode(),
+                              model_config=config)
+        tokenizer = get_tokenizer_from_processor(processor)
+        outcome.update(processor=type(processor).__name__, mm_processor=type(mm).__name__,
+                       image_processor=type(processor.image_processor).__name__,
+                       video_processor=type(processor.video_processor).__name__,
+                       processor_token_ids=[processor.image_token_id, processor.video_token_id,
+                                            processor.vision_start_token_id, processor.vision_end_token_id],
+                       mm_token_ids=[mm.IM_TOKEN_ID, mm.VIDEO_TOKEN_ID, mm.IM_START_TOKEN_ID, mm.IM_END_TOKEN_ID])
+    else:
+        tokenizer = get_tokenizer(get_serving().tokenizer_path, tokenizer_mode=get_serving().tokenizer_mode,
+                                  trust_remote_code=get_model().trust_remote_code, revision=get_model().revision,
+                                  tokenizer_backend=get_serving().tokenizer_backend)
+    from ddtree_runtime.acceptance.prompts import suite_prompts
+    from ddtree_runtime.eval.tasks import CODING_TASKS, HELD_OUT_PROMPTS, load_prompt_file
+    from ddtree_runtime.tokenizer import ByteTokenizer
+
+    texts = [p.text for p in (*CODING_TASKS, *load_prompt_file(HELD_OUT_PROMPTS))]
+    byte = ByteTokenizer()
+    outcome.update(tokenizer=type(tokenizer).__name__, tokenizer_size=len(tokenizer),
+                   eos_token_id=tokenizer.eos_token_id, has_chat_template=tokenizer.chat_template is not None,
+                   prompts_as_suite=tokenizer(texts)["input_ids"] == [p.input_ids for p in suite_prompts()],
+                   decomposed_accent=tokenizer("e\u0301")["input_ids"], decomposed_accent_bytes=byte.encode("e\u0301"),
+                   specials=tokenizer("<|im_start|><|im_end|><think>")["input_ids"])
+    backend = create_grammar_backend(args, tokenizer, config.vocab_size, config.hf_eos_token_id,
+                                     think_end_ids=config.think_end_ids)
+    outcome["grammar_backend_class"] = type(backend).__name__ if backend is not None else None
+    if backend is None:
+        return outcome
+    grammar = backend.dispatch_regex(GRAMMAR)
+    first = _allowed(grammar, config.vocab_size)
+    walk = byte.encode("hello world")
+    for token in walk:
+        grammar.accept_token(token)
+    after = _allowed(grammar, config.vocab_size)
+    grammar.rollback(len(walk) - 2)  # DDTREE's verify rolls a grammar back past rejected draft tokens
+    outcome.update(grammar_first=first, grammar_after_text=after, grammar_after_rollback=_allowed(grammar,
+                   config.vocab_size), grammar_refuses_digit=ord("1") not in after)
+    return outcome
+
+
+def cmd_acceptance_tokenizers(_unused: list[str]) -> dict[str, Any]:
+    """Each model the acceptance suite serves, started with its baseline server's exact command line
+    (:func:`_tokenizer_start`), and the first GPU run's hybrid target without its processor files."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
+    from ddtree_runtime.acceptance.launch import server_command
+    from ddtree_runtime.acceptance.plan import serving_specs
+    from ddtree_runtime.acceptance.round_cost import write_round_cost_pair
+    from sglang.srt.utils.hf_transformers.processor import get_processor
+
+    models = Path(tempfile.mkdtemp(prefix="acceptance-models-"))
+    target, _drafter = write_hybrid_pair(models)
+    write_round_cost_pair(models)
+    baselines = {spec.name: spec for spec in serving_specs(models) if spec.algorithm is None and spec.cuda_graphs}
+    outcome: dict[str, Any] = {}
+    for name, spec in baselines.items():
+        pid = os.fork()  # each start publishes its own process-wide config
+        if pid == 0:
+            try:
+                result = {"ok": True, **_tokenizer_start(server_command(spec, "python3", 30000)[3:])}
+            except BaseException as error:
+                result = {"ok": False, "error": f"{type(error).__name__}: {error}\n{traceback.format_exc()[-3000:]}"}
+            (models / f"{name}.json").write_text(json.dumps(result))
+            os._exit(0)
+        os.waitpid(pid, 0)
+        outcome[name] = json.loads((models / f"{name}.json").read_text())
+    bare = models / "hybrid-target-without-processor"
+    bare.mkdir()
+    shutil.copy(target / "config.json", bare / "config.json")
+    try:
+        get_processor(str(bare), model_name=str(bare))
+        without = None
+    except OSError as error:
+        without = str(error)
+    return {"servers": outcome, "hybrid_without_processor": without}
 
 
 def cmd_hooks(_unused: list[str]) -> dict[str, Any]:
@@ -306,7 +452,8 @@ COMMANDS = {"plugins": cmd_plugins, "plugins-as": cmd_plugins_as, "parse": cmd_p
             "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks,
             "algorithm-interface": cmd_algorithm_interface, "verify-mask": cmd_verify_mask,
             "commit-features": cmd_commit_features, "smoke-request": cmd_smoke_request,
-            "greedy-verify": cmd_greedy_verify, "acceptance-commands": cmd_acceptance_commands}
+            "greedy-verify": cmd_greedy_verify, "acceptance-commands": cmd_acceptance_commands,
+            "acceptance-tokenizers": cmd_acceptance_tokenizers}
 
 
 def run_command(command: str, rest: list[str]) -> int:

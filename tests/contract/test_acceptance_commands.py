@@ -47,6 +47,14 @@ def test_the_round_cost_servers_load_random_weights_for_target_and_drafter(run_p
     assert {o["load_format"] for n, o in outcome.items() if o["ok"] and n not in ROUND_COST_SERVERS} == {"auto"}
 
 
+def test_only_the_config_only_round_cost_models_skip_the_tokenizer(run_probe: ProbeRunner) -> None:
+    """Every server with a real model loads its tokenizer (stop strings, grammars, a multimodal target's processor);
+    the round-cost models have none to load (test_acceptance_tokenizers.py loads the others)."""
+    outcome = run_probe("acceptance-commands")["specs"]
+    skipping = {name for name, o in outcome.items() if o["ok"] and o["skip_tokenizer_init"]}
+    assert skipping == set(ROUND_COST_SERVERS)
+
+
 def test_the_hybrid_case_runs_the_mamba_settings_of_the_production_unit(run_probe: ProbeRunner) -> None:
     flags = run_probe("acceptance-commands")["hybrid_flags"]
     common = yaml.safe_load(SERVING_VARS.read_text())["pivot_serving_common_args"]
