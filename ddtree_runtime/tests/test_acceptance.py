@@ -232,6 +232,7 @@ def test_divergence_fails_unless_dflash_diverges_as_often(tmp_path: Path, fake_p
     suite.run_baseline(baseline_spec())
     suite.run_speculative(ddtree_spec(16), load=False, sampling=False, requests=False)
     suite.run_speculative(dflash_spec(), load=False, sampling=False, requests=False)
+
     def verdict() -> CaseResult:
         return next(r for r in suite.all_results() if r.case == "2. greedy == baseline" and r.server == "ddtree-b16")
 
@@ -391,9 +392,9 @@ def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> 
     written = {p.name for p in target.iterdir()}
     assert {*PROCESSOR_FILES, *HF_TOKENIZER_FILES} <= written
     assert not {*PROCESSOR_FILES, *HF_TOKENIZER_FILES} & {p.name for p in drafter.iterdir()}
-    vision = {name: raw[key] for name, key in (("<|image_pad|>", "image_token_id"), ("<|video_pad|>", "video_token_id"),
-                                                ("<|vision_start|>", "vision_start_token_id"),
-                                                ("<|vision_end|>", "vision_end_token_id"))}
+    keys = {"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id",
+            "<|vision_start|>": "vision_start_token_id", "<|vision_end|>": "vision_end_token_id"}
+    vision = {name: raw[key] for name, key in keys.items()}
     assert vision == HYBRID_VISION_TOKEN_NAMES
     added = {t["content"]: t["id"] for t in json.loads((target / "tokenizer.json").read_text())["added_tokens"]}
     assert {name: added[name] for name in vision} == vision
@@ -524,7 +525,7 @@ def test_round_cost_is_the_difference_of_two_lengths_in_decode_rounds() -> None:
 
 
 def test_throughput_figures_reach_state_and_reports_and_survive_resume(tmp_path: Path, fake_python: str,
-                                                                        on_a_gpu_machine: None) -> None:
+                                                                       on_a_gpu_machine: None) -> None:
     common = ["--out", str(tmp_path), "--python", fake_python, "--max-new-tokens", "24", "--health-timeout", "30"]
     assert acceptance_main([*common, "--only", "baseline,dflash"]) == 0
     state, results, markdown = read_outputs(tmp_path)
