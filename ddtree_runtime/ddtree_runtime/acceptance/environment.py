@@ -10,7 +10,8 @@ from typing import Any
 PROBE = r"""
 import importlib.metadata as md, json
 info = {}
-for name in ("sglang", "sglang-kernel", "torch", "flashinfer-python", "triton", "transformers", "ddtree_runtime"):
+for name in ("sglang", "sglang-kernel", "torch", "flashinfer-python", "triton", "transformers", "tokenizers",
+             "xgrammar", "ddtree_runtime"):
     try:
         info[name] = md.version(name)
     except md.PackageNotFoundError:

@@ -74,7 +74,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
     lines = ["# DDTree GPU acceptance: stock SGLang with the ddtree_runtime plugin", ""]
     lines.append(f"- When: {payload['when']}")
     for key in ("gpu", "nvidia_smi", "sglang", "sglang-kernel", "torch", "torch_cuda", "flashinfer-python", "triton",
-                "transformers", "ddtree_runtime", "ddtree_kernels", "python"):
+                "transformers", "tokenizers", "xgrammar", "ddtree_runtime", "ddtree_kernels", "python"):
         if key in env:
             lines.append(f"- {key}: {env[key]}")
     if env.get("left_out"):
