@@ -38,7 +38,7 @@ from ddtree_runtime.acceptance.plan import (
     run_steps,
     select_steps,
 )
-from ddtree_runtime.acceptance.prompts import load_mix, suite_prompts
+from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, load_mix, suite_prompts
 from ddtree_runtime.acceptance.round_cost import (
     LONG_NEW_TOKENS,
     NO_TOKENIZER_FLAGS,
@@ -61,11 +61,10 @@ from ddtree_runtime.acceptance.stats import (
     top2_margins,
 )
 from ddtree_runtime.acceptance.suite import (
-    REQUEST_PROMPT,
     SAMPLING_PROMPT,
+    STRESS_REQUESTS,
     TIE_MARGIN,
     CaseResult,
-    GreedyRun,
     Suite,
     SuiteSettings,
 )
@@ -658,11 +657,10 @@ def test_an_http_error_while_measuring_is_a_failed_case_line(tmp_path: Path, fak
 
 def test_a_request_may_leave_the_baselines_answer_only_at_a_near_tie(tmp_path: Path) -> None:
     suite = make_suite(tmp_path, sys.executable)
-    greedy = [10, 11, 12, 13, 14, 15]
-    suite.baseline = GreedyRun([greedy if p.name == REQUEST_PROMPT else [1] for p in suite.prompts], 0, 0, 1.0)
-    suite.margins["baseline"] = {REQUEST_PROMPT: [2.0, 2.0, 0.1, 2.0, 2.0, 2.0]}
-    theirs = {"ok": True, "output_ids": greedy[:5], "logprobs": [-0.1] * 5}
-    same = {"ok": True, "output_ids": greedy[:5], "logprobs": [-0.12] * 5}
+    greedy = [10, 11, 12, 13, 14]
+    # The gaps are the baseline's own, along its answer to this very request.
+    theirs = {"ok": True, "output_ids": greedy, "logprobs": [-0.1] * 5, "margins": [2.0, 2.0, 0.1, 2.0, 2.0]}
+    same = {"ok": True, "output_ids": greedy, "logprobs": [-0.12] * 5}
     assert suite.request_verdict(same, theirs)[0]
     at_tie = {"ok": True, "output_ids": [10, 11, 99, 98, 97], "logprobs": [-0.1, -0.1, -0.7, -3.0, -3.0]}
     ok, detail, figures = suite.request_verdict(at_tie, theirs)
@@ -671,8 +669,34 @@ def test_a_request_may_leave_the_baselines_answer_only_at_a_near_tie(tmp_path: P
     where_sure = {"ok": True, "output_ids": [10, 99, 12, 13, 14], "logprobs": [-0.1] * 5}
     ok, detail, _figures = suite.request_verdict(where_sure, theirs)
     assert not ok and "at token 1, where the baseline's top-2 gap is 2.0" in detail
-    far_logprobs = {"ok": True, "output_ids": greedy[:5], "logprobs": [-0.1, -0.1, -1.5, -0.1, -0.1]}
+    without_gaps = {key: value for key, value in theirs.items() if key != "margins"}
+    assert "top-2 gap is unknown" in suite.request_verdict(at_tie, without_gaps)[1]
+    far_logprobs = {"ok": True, "output_ids": greedy, "logprobs": [-0.1, -0.1, -1.5, -0.1, -0.1]}
     ok, detail, _figures = suite.request_verdict(far_logprobs, theirs)
     assert not ok and "logprobs differ from the baseline's by up to 1.400" in detail
-    missing = {"ok": True, "output_ids": greedy[:5], "logprobs": [-0.1] * 3}
+    missing = {"ok": True, "output_ids": greedy, "logprobs": [-0.1] * 3}
     assert "3 logprobs for 5 tokens" in suite.request_verdict(missing, theirs)[1]
+
+
+def test_stress_requests_hold_their_own_rules() -> None:
+    rules = {r.label: r.honoured for r in STRESS_REQUESTS}
+    newline, space = ord("\n"), ord(" ")
+    for label in ("stop token id", "stop string"):
+        assert rules[label]([97, 98, newline]) and rules[label]([97, 98])
+        assert not rules[label]([97, newline, 98])
+    grammar = rules["grammar (regex)"]
+    assert grammar([97, space, 122]) and grammar([97, 98, STOP_TOKEN_IDS[0]])
+    assert not grammar([97, ord("A")]) and not grammar([]) and not grammar([STOP_TOKEN_IDS[0]])
+
+
+def test_a_grammar_answer_that_breaks_the_regex_fails(tmp_path: Path, fake_python: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = make_suite(tmp_path, fake_python)
+    suite.run_baseline(baseline_spec())
+    broken = {"ok": True, "output_ids": [97, ord("Q")], "logprobs": []}
+    monkeypatch.setattr(suite, "logprob_answers", lambda _server, with_margins=False: [
+        *suite.baseline_logprobs[:3], broken])
+    suite.run_speculative(ddtree_spec(64), load=False, sampling=False, requests=True)
+    grammar = next(r for r in suite.results if r.case == "8. request: grammar (regex)")
+    assert not grammar.ok and "breaks its rule" in grammar.detail
+    assert all(r.ok for r in suite.results if r.case.startswith("8. request:") and r is not grammar)

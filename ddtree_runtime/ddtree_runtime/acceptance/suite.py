@@ -33,9 +33,43 @@ from ddtree_runtime.acceptance.throughput import THROUGHPUT_BATCHES
 
 GREEDY = {"temperature": 0.0, "stop_token_ids": STOP_TOKEN_IDS}
 SAMPLED = {"temperature": 0.7, "top_p": 0.95, "stop_token_ids": STOP_TOKEN_IDS}
-REQUEST_LABELS = ("logprobs (top 3)", "stop token id", "stop string", "grammar (regex)")
-"""Requests that stress the verify path (case 8): each must match the baseline's answer or fail alone, with the
-server still serving (with ``--skip-tokenizer-init`` SGLang may refuse stop strings and grammars per request)."""
+NEWLINE = ord("\n")
+GRAMMAR_REGEX = "[a-z ]+"
+
+
+@dataclass(frozen=True)
+class StressRequest:
+    """A case-8 request: its sampling parameters, what else the body carries, and what its answer must satisfy on
+    its own (besides agreeing with the baseline's)."""
+
+    label: str
+    sampling: dict[str, Any]
+    extra: dict[str, Any]
+    honoured: Callable[[list[int]], bool]
+    rule: str
+
+
+def _no_newline_before_the_end(ids: list[int]) -> bool:
+    return NEWLINE not in ids[:-1]
+
+
+def _only_lowercase_and_spaces(ids: list[int]) -> bool:
+    body = ids[:-1] if ids and ids[-1] in STOP_TOKEN_IDS else ids
+    return bool(body) and all(t == ord(" ") or ord("a") <= t <= ord("z") for t in body)
+
+
+STRESS_REQUESTS = (
+    StressRequest("logprobs (top 3)", {**GREEDY, "max_new_tokens": 48},
+                  {"return_logprob": True, "top_logprobs_num": 3}, bool, "some tokens"),
+    StressRequest("stop token id", {**GREEDY, "max_new_tokens": 64, "stop_token_ids": [*STOP_TOKEN_IDS, NEWLINE]},
+                  {}, _no_newline_before_the_end, "no newline before the last token"),
+    StressRequest("stop string", {**GREEDY, "max_new_tokens": 64, "stop": ["\n"]}, {}, _no_newline_before_the_end,
+                  "no newline before the last token"),
+    StressRequest("grammar (regex)", {**GREEDY, "max_new_tokens": 32, "regex": GRAMMAR_REGEX}, {},
+                  _only_lowercase_and_spaces, f"the bytes match {GRAMMAR_REGEX} (an end token may follow)"),
+)
+"""Requests that stress the verify path (case 8): each must be served correctly (the same answer as the baseline's
+up to a bf16 near-tie, and its own rule) or fail alone with a clean per-request error, the server still serving."""
 SAMPLING_ALPHA = 1e-3
 """Per-position false-failure probability of the distribution test (two positions: at most 2e-3 in all)."""
 SAMPLING_PROMPT = "heldout:heapq.py:heappop"
@@ -98,8 +132,8 @@ def greedy_run(server: Server, prompts: Sequence[Prompt], max_new_tokens: int) -
                      verify_rounds=sum(int(m.get("spec_verify_ct", 0) or 0) for m in metas), seconds=seconds)
 
 
-def margin_run(server: Server, prompts: Sequence[Prompt], max_new_tokens: int) -> tuple[list[list[int]],
-                                                                                     list[list[float | None]]]:
+def margin_run(server: Server, prompts: Sequence[Prompt],
+               max_new_tokens: int) -> tuple[list[list[int]], list[list[float | None]]]:
     """Greedy outputs with the top-2 log-probability gap at every position (a separate pass: logprob requests
     may take other kernels, so the timed greedy run stays plain)."""
     answers = generate(server, [p.input_ids for p in prompts], {**GREEDY, "max_new_tokens": max_new_tokens},
@@ -307,7 +341,7 @@ class Suite:
             if errors:
                 self.record("5. baseline load", spec.name, False, "; ".join(errors))
             self.baseline_samples = sampled_tokens(server, self.prompt(SAMPLING_PROMPT), 2000, 3)
-            self.baseline_logprobs = self.logprob_answers(server)
+            self.baseline_logprobs = self.logprob_answers(server, with_margins=True)
 
         self.with_server(spec, body)
 
@@ -488,22 +522,24 @@ class Suite:
 
     # ---- requests that stress the verify path -------------------------------------------------------------
 
-    def logprob_answers(self, server: Server) -> list[dict[str, Any]]:
-        """The requests of :data:`REQUEST_LABELS`, greedy (answers, or the HTTP error a request got)."""
+    def logprob_answers(self, server: Server, with_margins: bool = False) -> list[dict[str, Any]]:
+        """The :data:`STRESS_REQUESTS`, greedy (answers, or the HTTP error a request got). ``with_margins`` (the
+        baseline) also asks for the top-2 log-probabilities, so that a later divergence from each answer can be
+        told a near-tie or not along that very answer (a grammar changes the path)."""
         prompt = self.prompt(REQUEST_PROMPT)
-        bodies = [
-            ({**GREEDY, "max_new_tokens": 48}, {"return_logprob": True, "top_logprobs_num": 3}),
-            ({**GREEDY, "max_new_tokens": 64, "stop_token_ids": [*STOP_TOKEN_IDS, ord("\n")]}, {}),
-            ({**GREEDY, "max_new_tokens": 64, "stop": ["\n"]}, {}),
-            ({**GREEDY, "max_new_tokens": 32, "regex": "[a-z ]+"}, {}),
-        ]
         answers = []
-        for sampling, extra in bodies:
+        for request in STRESS_REQUESTS:
+            extra = dict(request.extra)
+            if with_margins:
+                extra.update(return_logprob=True, top_logprobs_num=max(2, int(extra.get("top_logprobs_num", 0))))
             try:
-                answer = generate(server, [prompt.input_ids], sampling, extra)[0]
+                answer = generate(server, [prompt.input_ids], request.sampling, extra)[0]
                 meta = answer.get("meta_info", {})
-                answers.append({"ok": True, "output_ids": output_ids(answer),
-                                "logprobs": [row[0] for row in meta.get("output_token_logprobs", [])]})
+                entry: dict[str, Any] = {"ok": True, "output_ids": output_ids(answer),
+                                         "logprobs": [row[0] for row in meta.get("output_token_logprobs", [])]}
+                if with_margins:
+                    entry["margins"] = top2_margins(meta)
+                answers.append(entry)
             except ServerError as error:
                 answers.append({"ok": False, "error": str(error)[:300]})
         return answers
@@ -511,19 +547,22 @@ class Suite:
     def request_cases(self, server: Server) -> None:
         ours = self.logprob_answers(server)
         reference = self.baseline_logprobs or []
-        for label, mine, theirs in zip(REQUEST_LABELS, ours, reference, strict=False):
+        for request, mine, theirs in zip(STRESS_REQUESTS, ours, reference, strict=False):
+            case = f"8. request: {request.label}"
             if not mine["ok"]:
                 alive = server.alive() and server.call("/health_generate", timeout=60).status == 200
-                self.record(f"8. request: {label}", server.spec.name, alive,
+                self.record(case, server.spec.name, alive,
                             f"per-request error, server {'kept serving' if alive else 'died'}: {mine['error']}")
                 continue
             ok, detail, figures = self.request_verdict(mine, theirs)
-            self.record(f"8. request: {label}", server.spec.name, ok, detail, **figures)
+            if not request.honoured(mine["output_ids"]):
+                ok, detail = False, "; ".join(filter(None, [detail, f"the answer breaks its rule: {request.rule}"]))
+            self.record(case, server.spec.name, ok, detail, **figures)
 
     def request_verdict(self, mine: dict[str, Any], theirs: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
         """A request's answer against the baseline's: the same tokens, or the same up to a bf16 near-tie (the
-        baseline's top-2 gap there below :data:`TIE_MARGIN`); logprobs on the common part within that gap of the
-        baseline's, one per output token."""
+        baseline's top-2 gap there, measured along its own answer, below :data:`TIE_MARGIN`); logprobs on the common
+        part within that gap of the baseline's, one per output token."""
         reference = theirs.get("output_ids") or []
         index = first_difference(mine["output_ids"], reference)
         common = len(mine["output_ids"]) if index is None else index
@@ -534,10 +573,8 @@ class Suite:
             figures["max_logprob_delta"] = round(max(deltas), 4)
         problems = []
         if index is not None:
-            greedy = self.baseline.outputs[self.names.index(REQUEST_PROMPT)] if self.baseline else []
-            margin = margins_at_divergence({REQUEST_PROMPT: index}, {REQUEST_PROMPT: reference},
-                                           {REQUEST_PROMPT: greedy},
-                                           self.margins.get("baseline", {}))[REQUEST_PROMPT]
+            along = theirs.get("margins") or []
+            margin = along[index] if index < len(along) else None
             figures.update(first_divergence=index, baseline_margin_there=margin)
             if margin is None or margin >= TIE_MARGIN:
                 problems.append(f"leaves the baseline's answer at token {index}, where the baseline's top-2 gap is "
@@ -602,8 +639,8 @@ class Suite:
             return False, f"diverges on {result.divergent}/{result.prompts} ({standard})"
         p_value = fisher_one_sided(result.divergent, result.prompts, dflash.divergent, dflash.prompts)
         figures["fisher_p_vs_dflash"] = round(p_value, 4)
-        unexplained = sorted(n for n in result.first_divergence if (margins.get(n) is None
-                                                                     or margins[n] >= TIE_MARGIN))
+        unexplained = sorted(n for n in result.first_divergence
+                             if margins.get(n) is None or margins[n] >= TIE_MARGIN)
         problems = []
         if unexplained:
             problems.append(f"diverges where the baseline is not at a near-tie (gap >= {TIE_MARGIN} or unknown): "
