@@ -5,7 +5,8 @@ One directory per saved step, ``<checkpoint-dir>/step_<step, 9 digits>/``
 in this order:
 
 1. ``model.safetensors`` -- a valid safetensors file (one small F32 tensor,
-   8 KiB of data), written in chunks: with a slow checkpoint it grows visibly;
+   8 KiB of data), written in chunks: with a slow checkpoint it grows visibly
+   (a pause of at most about 0.1 s between chunks, like a save that streams);
 2. ``optimizer.pt`` -- 16 KiB of opaque bytes;
 3. ``trainer_state.json`` -- ``{"global_step": N, "train_minutes": M, ...}``;
 4. ``COMPLETE`` -- the completion marker, written LAST: every other file is
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -41,7 +43,11 @@ MARKER = "COMPLETE"
 DIR_PATTERN = re.compile(r"^step_(\d{9})$")
 MODEL_FLOATS = 2048  # 8 KiB of F32
 OPTIMIZER_BYTES = 16 * 1024
+# Each file is written in at least this many chunks, with a pause after each; a slow save gets more of them, so that
+# no pause is much longer than MAX_PAUSE_S. A real trainer's save streams its bytes: a watcher that polls every 0.5 s
+# (Pivot's training_stop) sees it grow at every poll, not only at one poll in three.
 CHUNKS_PER_FILE = 8
+MAX_PAUSE_S = 0.1
 
 
 def directory_name(step: int) -> str:
@@ -104,11 +110,15 @@ def _fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def _write_in_chunks(path: Path, payload: bytes, pause: Callable[[], None]) -> None:
-    chunk = max(1, -(-len(payload) // CHUNKS_PER_FILE))
+def _chunks(payload: bytes, count: int) -> list[bytes]:
+    size = max(1, -(-len(payload) // count))
+    return [payload[offset : offset + size] for offset in range(0, len(payload), size)]
+
+
+def _write_in_chunks(path: Path, chunks: list[bytes], pause: Callable[[], None]) -> None:
     with open(path, "wb") as handle:
-        for offset in range(0, len(payload), chunk):
-            handle.write(payload[offset : offset + chunk])
+        for chunk in chunks:
+            handle.write(chunk)
             handle.flush()
             pause()
         os.fsync(handle.fileno())
@@ -127,14 +137,16 @@ def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict,
         "optimizer.pt": optimizer_bytes(step),
         "trainer_state.json": (json.dumps(state, indent=2) + "\n").encode(),
     }
-    pause_seconds = seconds / (CHUNKS_PER_FILE * len(files))
+    count = max(CHUNKS_PER_FILE, math.ceil(seconds / (MAX_PAUSE_S * len(files))))
+    chunks = {name: _chunks(payload, count) for name, payload in files.items()}
+    pause_seconds = seconds / sum(len(parts) for parts in chunks.values())
 
     def pause() -> None:
         if pause_seconds > 0:
             time.sleep(pause_seconds)
 
-    for name, payload in files.items():
-        _write_in_chunks(target / name, payload, pause)
+    for name, parts in chunks.items():
+        _write_in_chunks(target / name, parts, pause)
     if not marker:
         _fsync_directory(target)
         _fsync_directory(root)
