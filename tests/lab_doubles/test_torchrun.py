@@ -185,11 +185,14 @@ def test_run_sh_in_torchrun_mode_keeps_the_real_process_tree(trainsim, processes
     run = trainsim.start(command=["bash", str(TRAINSIM / "run.sh"), "--nproc-per-node", "2"])
 
     def torchrun_child() -> int | None:
-        # bash forks, then execs ./torchrun through `env python`: wait until the exec chain has settled.
+        # bash forks, then execs ./torchrun through `env python`: wait until the exec chain has settled. A child
+        # seen on the way may be gone by the time its command line is read (CI once failed so): not yet, then.
         kids = children_of(run.pid)
-        if kids and proc_cmdline(kids[0])[1:2] and proc_cmdline(kids[0])[1].endswith("torchrun"):
-            return kids[0]
-        return None
+        try:
+            argv = proc_cmdline(kids[0]) if kids else []
+        except FileNotFoundError:
+            return None
+        return kids[0] if argv[1:2] and argv[1].endswith("torchrun") else None
 
     agent = wait_for(torchrun_child, what="agent")
     processes.track(agent)
