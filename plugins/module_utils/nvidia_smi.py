@@ -2,12 +2,14 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Run and parse ``nvidia-smi`` CSV queries, and judge whether GPUs are released."""
+"""The one place that finds and runs ``nvidia-smi``: its CSV queries (GPUs, compute processes, compute
+capabilities) parsed, its failures worded once, and whether GPUs are released."""
 
 from __future__ import annotations
 
 import csv
 import os
+import re
 from typing import Callable
 
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS
@@ -15,6 +17,9 @@ from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "memory.free", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
 CSV_FORMAT = "--format=csv,noheader,nounits"
+# Where the driver's packages put nvidia-smi when it is not on the PATH a module runs with.
+SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/opt/nvidia/bin"]
+CAPABILITY = re.compile(r"^\d+\.\d+$")
 
 # Bracketed values nvidia-smi prints instead of a number when a field has no value on this device or driver.
 UNAVAILABLE_PREFIXES = ("[N/A", "N/A", "[Not Supported", "[Unknown Error", "[Insufficient Permissions", "[GPU is lost")
@@ -151,14 +156,42 @@ def classify_failure(rc: int, stdout: str, stderr: str, cmd: list) -> SmiError:
     return SmiError(message, rc=rc, stdout=stdout, stderr=stderr, cmd=cmd)
 
 
+def find_nvidia_smi(module, given: str | None, option: str) -> str:
+    """The nvidia-smi to run: ``given`` (the module's option ``option``) when it is a path, which must be an
+    executable file; otherwise the program of that name (default ``nvidia-smi``) on the PATH or in SEARCH_DIRS."""
+    if given and os.sep in given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            raise SmiError("%s %s does not exist or is not executable; point it at the nvidia-smi binary."
+                           % (option, given))
+        return given
+    found = module.get_bin_path(given or "nvidia-smi", required=False, opt_dirs=SEARCH_DIRS)
+    if not found:
+        raise SmiError("%s was not found on the PATH or in %s. Install the NVIDIA driver utilities on this host, or "
+                       "set %s." % (given or "nvidia-smi", ", ".join(SEARCH_DIRS), option))
+    return found
+
+
 class SmiQuery:
-    """Runs the two queries through ``run(args) -> (rc, stdout, stderr)`` (``AnsibleModule.run_command`` in the
+    """Runs the queries through ``run(args) -> (rc, stdout, stderr)`` (``AnsibleModule.run_command`` in the
     module, a fake in tests)."""
 
     def __init__(self, binary: str, run: Callable[[list], tuple], proc: ProcFS | None = None) -> None:
         self.binary = binary
         self.run = run
         self.proc = proc
+
+    @classmethod
+    def for_module(cls, module, given: str | None, option: str, proc: ProcFS | None = None) -> SmiQuery:
+        """The query a module runs: nvidia-smi found with :func:`find_nvidia_smi`, run with ``module.run_command``."""
+        binary = find_nvidia_smi(module, given, option)
+
+        def run(cmd: list) -> tuple:
+            try:
+                return module.run_command(cmd)
+            except OSError as exc:
+                raise SmiError("Cannot run %s: %s. Check %s." % (cmd[0], exc, option), cmd=cmd) from exc
+
+        return cls(binary, run, proc)
 
     def _run(self, query: str) -> str:
         cmd = [self.binary, query, CSV_FORMAT]
@@ -187,6 +220,26 @@ class SmiQuery:
         if NO_DEVICES_TEXT in stdout:
             return []
         return parse_apps(stdout, gpus, self.proc, [self.binary, query, CSV_FORMAT])
+
+    def compute_capabilities(self) -> list:
+        """The GPUs' distinct compute capabilities as nvidia-smi prints them (``9.0``, ``12.0``), sorted; an error
+        when it names none."""
+        query = "--query-gpu=compute_cap"
+        stdout = self._run(query)
+        found = sorted({line.strip() for line in stdout.splitlines() if CAPABILITY.match(line.strip())})
+        if found:
+            return found
+        cmd = [self.binary, query, CSV_FORMAT]
+        if NO_DEVICES_TEXT in stdout:
+            raise classify_failure(0, stdout, "", cmd)
+        raise SmiError(
+            "nvidia-smi reported no compute capability (%s). Check 'nvidia-smi --query-gpu=name,compute_cap "
+            "--format=csv' on this host; a driver too old to report it needs an update."
+            % (stdout.strip()[:200] or "no output"),
+            rc=0,
+            stdout=stdout,
+            cmd=cmd,
+        )
 
 
 def select_gpus(gpus: list, wanted: list | None) -> list:

@@ -88,13 +88,12 @@ why_not:
 """
 
 import os
-import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.pivot.ops.plugins.module_utils.nvidia_smi import SmiError, SmiQuery
 
 DEFAULT_CUDA_BIN = "/usr/local/cuda/bin"
-CAPABILITY = re.compile(r"^\d+\.\d+$")
 
 
 def find_nvcc(search_paths: list) -> str | None:
@@ -115,14 +114,12 @@ def release_line(module: AnsibleModule, nvcc: str) -> str | None:
 
 
 def compute_capabilities(module: AnsibleModule, nvidia_smi: str) -> tuple[list, str]:
-    binary = shutil.which(nvidia_smi) or (nvidia_smi if os.path.isfile(nvidia_smi) else None)
-    if binary is None:
-        return [], f"no {nvidia_smi} found"
-    rc, out, err = module.run_command([binary, "--query-gpu=compute_cap", "--format=csv,noheader"])
-    found = sorted({line.strip() for line in out.splitlines() if CAPABILITY.match(line.strip())})
-    if rc != 0 or not found:
-        return [], f"{nvidia_smi} reported no compute capability ({(err or out).strip()[:200] or 'rc ' + str(rc)})"
-    return found, ""
+    """(the capabilities, why there are none). ``why_not`` is a phrase the roles put inside their own sentences, so
+    without the final full stop."""
+    try:
+        return SmiQuery.for_module(module, nvidia_smi, "nvidia_smi").compute_capabilities(), ""
+    except SmiError as exc:
+        return [], str(exc).rstrip(".")
 
 
 def run_module() -> None:

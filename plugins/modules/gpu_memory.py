@@ -224,7 +224,6 @@ stdout:
   sample: "No devices were found"
 """
 
-import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -237,7 +236,6 @@ from ansible_collections.pivot.ops.plugins.module_utils.nvidia_smi import (
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, service_of_cgroup
 
 PROC_ROOT = "/proc"
-SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/opt/nvidia/bin"]
 
 
 class GpuMemory:
@@ -249,24 +247,10 @@ class GpuMemory:
         self.warned = set()
         self.proc = ProcFS(PROC_ROOT)
         self.services = {}  # pid -> systemd service it is the main process of, or None
-        self.query = SmiQuery(self.find_binary(), self.run_command, self.proc)
-
-    def find_binary(self) -> str:
-        path = self.params["nvidia_smi_path"]
-        if path:
-            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-                self.module.fail_json(
-                    msg="nvidia_smi_path %s does not exist or is not executable; point it at the nvidia-smi binary."
-                    % path
-                )
-            return path
-        found = self.module.get_bin_path("nvidia-smi", required=False, opt_dirs=SEARCH_DIRS)
-        if not found:
-            self.module.fail_json(
-                msg="nvidia-smi was not found on the PATH or in %s. Install the NVIDIA driver utilities on this host, "
-                "or set nvidia_smi_path." % ", ".join(SEARCH_DIRS)
-            )
-        return found
+        try:
+            self.query = SmiQuery.for_module(module, self.params["nvidia_smi_path"], "nvidia_smi_path", self.proc)
+        except SmiError as exc:
+            module.fail_json(msg=str(exc))
 
     def service_of(self, pid: int) -> str | None:
         """The systemd service whose main process ``pid`` is, so that a failure message does not call a service an
@@ -280,12 +264,6 @@ class GpuMemory:
                 if rc == 0 and out.strip() == "MainPID=%d" % pid:
                     self.services[pid] = service
         return self.services[pid]
-
-    def run_command(self, cmd: list) -> tuple:
-        try:
-            return self.module.run_command(cmd)
-        except OSError as exc:
-            raise SmiError("Cannot run %s: %s. Check nvidia_smi_path." % (cmd[0], exc), cmd=cmd) from exc
 
     def snapshot(self) -> dict:
         self.attempts += 1

@@ -421,7 +421,6 @@ from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
 )
 
 PROC_ROOT = "/proc"
-SMI_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/opt/nvidia/bin"]
 WRONG_START_GRACE = 30.0  # SIGTERM -> SIGKILL for a job that did not resume from the checkpoint
 WRONG_START_KILL_TIMEOUT = 10.0
 OUTPUT_TAIL_BYTES = 2000
@@ -660,11 +659,11 @@ class TrainingResume:
 
     def nvidia_smi(self) -> SmiQuery:
         if self.smi is None:
-            path = self.params["nvidia_smi_path"] or self.module.get_bin_path("nvidia-smi", opt_dirs=SMI_DIRS)
-            if not path:
-                self.fail("nvidia-smi was not found on the PATH or in %s; set nvidia_smi_path. Nothing was started."
-                          % ", ".join(SMI_DIRS))
-            self.smi = SmiQuery(path, self.module.run_command, self.proc)
+            try:
+                self.smi = SmiQuery.for_module(self.module, self.params["nvidia_smi_path"], "nvidia_smi_path",
+                                               self.proc)
+            except SmiError as exc:
+                self.fail("%s Nothing was started." % exc)
         return self.smi
 
     def read_gpus(self) -> tuple:

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from ansible_collections.pivot.ops.plugins.module_utils import nvidia_smi
 from ansible_collections.pivot.ops.plugins.modules import cuda_toolchain
 
 
@@ -67,3 +68,33 @@ def test_a_driver_failure_is_reported_not_raised(run_module, bin_dir: Path) -> N
                                    "driver.\"; exit 9\n")
     result = run_module(cuda_toolchain.main, {})
     assert not result["build_possible"] and "couldn't communicate with the NVIDIA driver" in result["why_not"]
+
+
+def test_nvidia_smi_outside_path_is_found_where_the_driver_puts_it(run_module, bin_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    driver_bin = tmp_path / "nvidia" / "bin"
+    driver_bin.mkdir(parents=True)
+    program(bin_dir, "nvcc", NVCC)
+    program(driver_bin, "nvidia-smi", "echo 9.0\n")
+    monkeypatch.setattr(nvidia_smi, "SEARCH_DIRS", [str(driver_bin)])
+    result = run_module(cuda_toolchain.main, {})
+    assert result["build_possible"] and result["compute_capabilities"] == ["9.0"]
+
+
+def test_without_nvidia_smi_it_says_where_it_looked(run_module, bin_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    program(bin_dir, "nvcc", NVCC)
+    monkeypatch.setattr(nvidia_smi, "SEARCH_DIRS", [str(tmp_path / "nowhere")])
+    result = run_module(cuda_toolchain.main, {})
+    assert not result["failed"] and not result["build_possible"] and result["compute_capabilities"] == []
+    # A phrase the roles put inside their own sentences: no full stop of its own.
+    assert result["why_not"] == (f"nvidia-smi was not found on the PATH or in {tmp_path / 'nowhere'}. Install the "
+                                 "NVIDIA driver utilities on this host, or set nvidia_smi")
+
+
+def test_an_nvidia_smi_path_that_is_not_executable_is_named(run_module, bin_dir: Path, tmp_path: Path) -> None:
+    program(bin_dir, "nvcc", NVCC)
+    (tmp_path / "nvidia-smi").write_text("not a program")
+    result = run_module(cuda_toolchain.main, {"nvidia_smi": str(tmp_path / "nvidia-smi")})
+    assert not result["failed"] and not result["build_possible"]
+    assert result["why_not"].startswith(f"nvidia_smi {tmp_path / 'nvidia-smi'} does not exist or is not executable")
