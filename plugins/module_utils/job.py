@@ -16,6 +16,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.procfs import (
     descendants_of,
     in_cgroup,
 )
+from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import UnitStatus
 
 
 class JobError(Exception):
@@ -27,22 +28,12 @@ class JobError(Exception):
 
 
 @dataclass
-class UnitState:
-    """What ``systemctl show`` reports for a unit."""
-
-    name: str
-    main_pid: int
-    control_group: str
-    active_state: str
-
-
-@dataclass
 class JobSpec:
     """How the job is selected. Exactly one of ``pidfile``, ``unit`` or ``cmdline_match`` is the primary selector;
     ``cmdline_match`` may accompany ``pidfile`` as a guard against a recycled PID."""
 
     pidfile: str | None = None
-    unit: UnitState | None = None
+    unit: UnitStatus | None = None  # the unit's state as SystemdUnit.status read it
     cmdline_match: list = field(default_factory=list)
     match_env: list = field(default_factory=list)
     max_roots: int = 1
@@ -158,7 +149,7 @@ class JobTracker:
             if in_cgroup(self.proc.cgroup(pid), unit.control_group):
                 members.append(pid)
         # MainPID is only trusted before anything was stopped: afterwards the number may belong to a new process.
-        if not self.known and unit.main_pid > 0 and unit.main_pid in table and unit.main_pid not in members:
+        if not self.known and unit.main_pid and unit.main_pid in table and unit.main_pid not in members:
             members.append(unit.main_pid)
         return sorted(members)
 

@@ -234,6 +234,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.nvidia_smi import (
     select_gpus,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, service_of_cgroup
+from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import SystemdError, SystemdUnit
 
 PROC_ROOT = "/proc"
 
@@ -258,11 +259,11 @@ class GpuMemory:
         if pid not in self.services:
             self.services[pid] = None
             service = service_of_cgroup(self.proc.cgroup(pid))
-            systemctl = self.module.get_bin_path("systemctl", required=False) if service else None
-            if systemctl:
-                rc, out, _err = self.module.run_command([systemctl, "show", "-p", "MainPID", service])
-                if rc == 0 and out.strip() == "MainPID=%d" % pid:
+            try:
+                if service and SystemdUnit(self.module, service).main_pid() == pid:
                     self.services[pid] = service
+            except SystemdError:
+                pass  # without systemctl, or when it fails, the process is described without its service
         return self.services[pid]
 
     def snapshot(self) -> dict:

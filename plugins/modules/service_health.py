@@ -187,10 +187,9 @@ from urllib.error import HTTPError, URLError
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
+    SystemdError,
+    SystemdUnit,
     UnitStatus,
-    journal_command,
-    show_command,
-    unit_not_found_message,
 )
 
 # Polls in a row on which the unit must look stopped before the wait gives up: one look can fall between the
@@ -216,29 +215,23 @@ class HealthWait:
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
         self.params = module.params
-        self.systemctl = module.get_bin_path("systemctl", required=True)
-        self.journalctl = module.get_bin_path("journalctl", required=False)
+        self.systemd = SystemdUnit(module, self.params["unit"])
         self.result = {"changed": False, "healthy": False, "waited": 0.0, "attempts": 0, "http_status": None,
                        "last_error": "", "unit_failed": False, "unit": {}}
 
     def unit_status(self) -> UnitStatus:
-        unit = self.params["unit"]
-        rc, out, err = self.module.run_command(show_command(self.systemctl, unit))
-        if rc != 0:
-            self.module.fail_json(msg="systemctl show %s failed (exit %d): %s" % (unit, rc, (err or out).strip()),
-                                  **self.result)
-        status = UnitStatus.from_show(out)
+        try:
+            status = self.systemd.status()
+        except SystemdError as exc:
+            status = exc.status  # set when systemd does not know the unit
+            if status is not None:
+                self.result["unit"] = status.as_dict()
+            self.module.fail_json(msg=str(exc), **exc.details(), **self.result)
         self.result["unit"] = status.as_dict()
-        if status.load_state == "not-found":
-            self.module.fail_json(msg=unit_not_found_message(unit), **self.result)
         return status
 
     def log_tail(self) -> list:
-        lines = self.params["log_lines"]
-        if lines <= 0 or not self.journalctl:
-            return []
-        rc, out, _err = self.module.run_command(journal_command(self.journalctl, self.params["unit"], lines))
-        return out.splitlines()[-lines:] if rc == 0 else []
+        return self.systemd.journal_tail(self.params["log_lines"])
 
     def poll(self) -> bool:
         params = self.params

@@ -379,7 +379,6 @@ from ansible_collections.pivot.ops.plugins.module_utils.job import (
     JobError,
     JobSpec,
     JobTracker,
-    UnitState,
     protected_pids,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.nvidia_smi import (
@@ -415,9 +414,10 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
 )
 from ansible_collections.pivot.ops.plugins.module_utils.stop_record import utc_now
 from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
-    journal_command,
-    parse_systemctl_show,
-    unit_not_found_message,
+    SystemdError,
+    SystemdUnit,
+    UnitStatus,
+    service_name,
 )
 
 PROC_ROOT = "/proc"
@@ -432,10 +432,6 @@ def process_entry(info) -> dict:
 
 def quoted(argv: list) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)
-
-
-def unit_service(name: str) -> str:
-    return name if name.endswith(".service") else name + ".service"
 
 
 def read_tail(path: str | None, offset: int) -> str:
@@ -527,39 +523,29 @@ class TrainingResume:
     def launch_command(self, argv: list) -> list:
         if self.params["launcher"] == "setsid":
             return ["setsid", "nohup", *argv]
-        command = ["systemd-run", "--unit=" + unit_service(self.params["unit"]), "--collect", "--quiet",
-                   "--property=Type=exec"]
-        if self.params["chdir"]:
-            command.append("--working-directory=" + self.params["chdir"])
-        for name, value in sorted(self.params["environment"].items()):
-            command.append("--setenv=%s=%s" % (name, value))
-        output = self.params["output_file"]
-        if output:
-            command += ["--property=StandardOutput=append:" + output, "--property=StandardError=append:" + output]
-        return [*command, "--", *argv]
+        return self.launch_unit().transient_command(argv, self.params["chdir"], self.params["environment"],
+                                                    self.params["output_file"])
+
+    def launch_unit(self) -> SystemdUnit:
+        """The transient service that launcher=systemd-run starts the job as."""
+        return SystemdUnit(self.module, service_name(self.params["unit"]))
 
     # --- the job --------------------------------------------------------------------------------------------------
 
-    def unit_state(self) -> UnitState | None:
+    def unit_status(self) -> UnitStatus | None:
         name = (self.params["job"] or {}).get("unit")
         if not name:
             return None
-        systemctl = self.module.get_bin_path("systemctl", required=True)
-        rc, out, err = self.module.run_command(
-            [systemctl, "show", "-p", "MainPID", "-p", "ControlGroup", "-p", "ActiveState", "-p", "LoadState", name])
-        if rc != 0:
-            self.fail("systemctl show %s failed (exit %d): %s" % (name, rc, (err or out).strip()))
-        values = parse_systemctl_show(out)
-        if values.get("LoadState") == "not-found":
-            self.fail(unit_not_found_message(name))
-        main_pid = values.get("MainPID", "0")
-        return UnitState(name, int(main_pid) if main_pid.isdigit() else 0, values.get("ControlGroup", ""),
-                         values.get("ActiveState", ""))
+        try:
+            return SystemdUnit(self.module, name).status()
+        except SystemdError as exc:
+            self.fail(str(exc), **exc.details())
+        return None  # unreachable, fail_json exits
 
     def scan_job(self) -> dict:
         """The job's live processes as its selector finds them now (a fresh look each time)."""
         job = self.params["job"]
-        spec = JobSpec(pidfile=job["pidfile"], unit=self.unit_state(), cmdline_match=job["cmdline_match"] or [],
+        spec = JobSpec(pidfile=job["pidfile"], unit=self.unit_status(), cmdline_match=job["cmdline_match"] or [],
                        match_env=job["match_env"], max_roots=job["max_roots"])
         try:
             tracker = JobTracker(spec, self.proc, protected_pids(self.proc))
@@ -720,17 +706,12 @@ class TrainingResume:
         return self.child
 
     def start_systemd_run(self, command: list) -> int:
-        unit = unit_service(self.params["unit"])
-        systemctl = self.module.get_bin_path("systemctl", required=True)
-        command = [self.module.get_bin_path("systemd-run", required=True), *command[1:]]
-        self.module.run_command([systemctl, "reset-failed", unit])
-        rc, out, err = self.module.run_command(command)
-        if rc != 0:
-            self.fail("systemd-run could not start %s (exit %d): %s. Nothing is running; check the resume command."
-                      % (unit, rc, (err or out).strip()))
-        rc, out, err = self.module.run_command([systemctl, "show", "-p", "MainPID", unit])
-        main_pid = parse_systemctl_show(out).get("MainPID", "0")
-        return int(main_pid) if main_pid.isdigit() else 0
+        try:
+            return self.launch_unit().start_transient(command)
+        except SystemdError as exc:
+            self.fail("%s %s" % (exc, "Nothing was started." if exc.missing
+                                 else "Nothing is running; check the resume command."), **exc.details())
+        return 0  # unreachable, fail_json exits
 
     def start(self, argv: list, command: list) -> Launch:
         if self.params["chdir"] and not os.path.isdir(self.params["chdir"]):
@@ -741,7 +722,7 @@ class TrainingResume:
         self.result.update(changed=True, launched=True, pid=pid or None, started_at=utc_now())
         self.lap("start", started)
         info = self.proc.read(pid) if pid else None
-        unit = unit_service(self.params["unit"]) if self.params["launcher"] == "systemd-run" else ""
+        unit = service_name(self.params["unit"]) if self.params["launcher"] == "systemd-run" else ""
         return Launch(pid, info.start_time if info else 0, info.sid if info else pid, unit)
 
     def write_records(self, launch: Launch, argv: list, log_offset: int, output_offset: int) -> None:
@@ -823,11 +804,9 @@ class TrainingResume:
     def output_tail(self, launch: Launch, output_offset: int) -> str:
         if self.params["output_file"]:
             return read_tail(self.params["output_file"], output_offset)
-        journalctl = self.module.get_bin_path("journalctl", required=False) if launch.unit else None
-        if not journalctl:
+        if not launch.unit:
             return ""
-        _rc, out, _err = self.module.run_command(journal_command(journalctl, launch.unit, 20))
-        return out.strip()
+        return "\n".join(SystemdUnit(self.module, launch.unit).journal_tail(20)).strip()
 
     def exit_status(self) -> str:
         if self.child is None or self.child_status is None:
@@ -846,8 +825,10 @@ class TrainingResume:
     def stop_wrong_start(self, launch: Launch, output_offset: int, detail: str) -> None:
         """It trains from the wrong place: stop what this module started, the way the pivot's stop does."""
         if launch.unit:
-            systemctl = self.module.get_bin_path("systemctl", required=True)
-            self.module.run_command([systemctl, "stop", launch.unit])
+            try:
+                SystemdUnit(self.module, launch.unit).stop()
+            except SystemdError as exc:
+                self.module.warn("%s Stopping its processes by signal instead." % exc)
         escalator = Escalator(lambda: self.launched_members(launch), Signaller(self.proc, SignalLog()),
                               poll_interval=0.2)
         outcome = escalator.run(self.launched_members(launch), WRONG_START_GRACE, WRONG_START_KILL_TIMEOUT)

@@ -539,7 +539,6 @@ from ansible_collections.pivot.ops.plugins.module_utils.job import (
     JobError,
     JobSpec,
     JobTracker,
-    UnitState,
     protected_pids,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcFS, catches_signal
@@ -563,8 +562,9 @@ from ansible_collections.pivot.ops.plugins.module_utils.stop_record import (
     write_record,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
-    parse_systemctl_show,
-    unit_not_found_message,
+    SystemdError,
+    SystemdUnit,
+    UnitStatus,
 )
 
 PROC_ROOT = "/proc"
@@ -635,6 +635,7 @@ class TrainingStop:
             identity={"run_id": self.params["run_id"], "started_at": self.started_utc},
         )
         self.lock = HostLock(self.params["state_dir"]) if self.params["state_dir"] else None
+        self.systemd = SystemdUnit(module, self.params["unit"]) if self.params["unit"] else None
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
@@ -691,32 +692,20 @@ class TrainingStop:
             return
         self.result["host_record"] = path
 
-    def unit_state(self) -> UnitState | None:
-        name = self.params["unit"]
-        if not name:
+    def unit_status(self) -> UnitStatus | None:
+        if self.systemd is None:
             return None
-        systemctl = self.module.get_bin_path("systemctl", required=False)
-        if not systemctl:
-            self.fail("unit=%s needs systemctl, which is not on this host's PATH; use pidfile or cmdline_match." % name)
-        cmd = [systemctl, "show", "-p", "MainPID", "-p", "ControlGroup", "-p", "ActiveState", "-p", "LoadState", name]
-        rc, out, err = self.module.run_command(cmd)
-        if rc != 0:
-            self.fail("systemctl show %s failed (exit %d): %s" % (name, rc, (err or out).strip()), rc=rc)
-        values = parse_systemctl_show(out)
-        if values.get("LoadState") == "not-found":
-            self.fail(unit_not_found_message(name))
-        main_pid = values.get("MainPID", "0")
-        return UnitState(
-            name=name,
-            main_pid=int(main_pid) if main_pid.isdigit() else 0,
-            control_group=values.get("ControlGroup", ""),
-            active_state=values.get("ActiveState", ""),
-        )
+        try:
+            return self.systemd.status()
+        except SystemdError as exc:
+            hint = " On a host without systemd, select the job with pidfile or cmdline_match." if exc.missing else ""
+            self.fail(str(exc) + hint, **exc.details())
+        return None  # unreachable, fail_json exits
 
     def build_tracker(self) -> JobTracker:
         spec = JobSpec(
             pidfile=self.params["pidfile"],
-            unit=self.unit_state(),
+            unit=self.unit_status(),
             cmdline_match=self.params["cmdline_match"] or [],
             match_env=self.params["match_env"],
             max_roots=self.params["max_roots"],
@@ -1008,14 +997,11 @@ class TrainingStop:
         self.module.warn(msg + " Continuing because force=true.")
 
     def systemctl_stop(self) -> None:
-        systemctl = self.module.get_bin_path("systemctl", required=True)
-        name = self.params["unit"]
-        rc, out, err = self.module.run_command([systemctl, "stop", name])
-        if rc != 0:
-            self.fail("systemctl stop %s failed (exit %d): %s" % (name, rc, (err or out).strip()), rc=rc)
-        _rc, show, _err = self.module.run_command([systemctl, "show", "-p", "Result", name])
-        if parse_systemctl_show(show).get("Result") == "timeout":
-            self.result["sigkill_needed"] = True
+        try:
+            if self.systemd.stop():
+                self.result["sigkill_needed"] = True  # systemd killed what outlived the unit's stop timeout
+        except SystemdError as exc:
+            self.fail(str(exc), **exc.details())
 
     def report_escalation(self, signum: int, waited: float, timeout: float, members: dict) -> None:
         if signum == signal.SIGTERM:

@@ -286,3 +286,36 @@ def test_multi_gpu_selection(run_module, smi, fake_proc):
     assert "GPU 1 (NVIDIA RTX PRO 6000 Blackwell Server Edition) uses 40000 MiB" in both["msg"]
     assert "GPU 0 (" not in both["msg"]
     assert both["processes"][0]["gpu_index"] == 1
+
+
+@pytest.mark.parametrize("case", [
+    # PID 419 is the unit's main process: a service to stop, not an orphan.
+    ("MainPID=419\n", "/usr/bin/systemctl", "main process of systemd unit trainer.service: stop it with "
+                                            "'systemctl stop trainer.service'"),
+    # Another process is the unit's main one: 419 is a leftover in its cgroup.
+    ("MainPID=77\n", "/usr/bin/systemctl", "parent is PID 1: probably an orphan of a stopped job; stop it with "
+                                           "'kill 419'"),
+    # No systemctl on the host: the process is described without its service.
+    ("", None, "parent is PID 1: probably an orphan of a stopped job"),
+])
+def test_a_holder_in_a_service_cgroup_is_named_by_its_unit(run_module, monkeypatch, smi_fixture, fake_proc, case):
+    """Constructed: PID 419 of the busy capture lives in trainer.service's cgroup; systemctl says whose main PID."""
+    main_pid, systemctl, expected = case
+    with open(f"{gpu_memory.PROC_ROOT}/419/cgroup", "w") as handle:
+        handle.write("0::/system.slice/trainer.service\n")
+    fake = FakeSmi([(0, smi_fixture("smi_gpu_busy.csv"))], [(0, smi_fixture("smi_apps_busy.csv"))])
+    calls = []
+
+    def run_command(self, cmd, **kwargs):
+        if cmd[0] == SMI:
+            return fake(cmd)
+        calls.append(cmd)
+        return 0, main_pid, ""
+
+    monkeypatch.setattr(gpu_memory.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(gpu_memory.AnsibleModule, "get_bin_path",
+                        lambda self, name, *a, **k: SMI if name == "nvidia-smi" else systemctl)
+    result = run_module(gpu_memory.main, {"state": "released", "timeout": 0})
+    assert result["failed"] is True
+    assert expected in result["msg"]
+    assert calls == ([[systemctl, "show", "-p", "MainPID", "trainer.service"]] if systemctl else [])

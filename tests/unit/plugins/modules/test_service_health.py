@@ -199,7 +199,31 @@ def test_systemctl_failing_is_reported_with_its_message(run_module, systemd, hea
     fake.show_rc = 1
     result = run_module(service_health.main, args(health_server.url))
     assert result["failed"] is True
-    assert result["msg"] == f"systemctl show {UNIT} failed (exit 1): Failed to connect to bus"
+    assert result["msg"] == (f"systemctl show {UNIT} failed (exit 1): Failed to connect to bus. "
+                             f"See 'systemctl status {UNIT}' on this host.")
+    assert result["rc"] == 1
+
+
+def test_without_systemctl_the_task_fails_saying_so(run_module, systemd, health_server, monkeypatch):
+    fake = systemd([RUNNING])
+    monkeypatch.setattr(service_health.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: None)
+    result = run_module(service_health.main, args(health_server.url))
+    assert result["failed"] is True
+    assert result["msg"] == (f"Unit {UNIT} needs systemctl, which is not on this host's PATH: run the task on the host "
+                             "whose systemd manages the unit.")
+    assert fake.calls == []
+
+
+def test_without_journalctl_the_failure_says_the_journal_is_unreadable(run_module, systemd, health_server,
+                                                                       monkeypatch):
+    health_server.statuses = [503]
+    fake = systemd([GAVE_UP])
+    monkeypatch.setattr(service_health.AnsibleModule, "get_bin_path",
+                        lambda self, name, *a, **k: None if name == "journalctl" else f"/usr/bin/{name}")
+    result = run_module(service_health.main, args(health_server.url))
+    assert result["unit_failed"] is True and result["log_tail"] == []
+    assert result["msg"].endswith(f"Its journal is empty or unreadable (journalctl _SYSTEMD_UNIT={UNIT}).")
+    assert fake.journal_reads() == []
 
 
 def test_headers_are_sent_and_kept_out_of_the_result(run_module, systemd, health_server):

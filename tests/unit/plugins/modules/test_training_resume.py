@@ -391,3 +391,124 @@ def test_bad_inputs_fail_before_anything(run_module, world):
     result = run_module(training_resume.main, world.args(log_step_regex="step=("))
     assert "is not a valid regular expression" in result["msg"]
     assert world.job_pids() == []
+
+
+# --- launcher=systemd-run -----------------------------------------------------------------------------------------
+
+
+class FakeSystemd:
+    """systemctl, systemd-run and journalctl for a transient service: systemd-run starts the command in a session of
+    its own (as the service manager would, outside the module's process tree) and systemctl names its main PID."""
+
+    def __init__(self, world) -> None:
+        self.world = world
+        self.popens = []
+        self.start_error = ""
+        self.journal = []
+
+    def run_command(self, cmd: list) -> tuple:
+        program = os.path.basename(cmd[0])
+        if program == "systemd-run":
+            return self.systemd_run(cmd[1:])
+        if program == "journalctl":
+            return 0, "".join(line + "\n" for line in self.journal), ""
+        assert program == "systemctl", cmd
+        if cmd[1] == "reset-failed":
+            return 1, "", f"Unit {cmd[-1]} not loaded."
+        if cmd[1] == "show" and cmd[2:4] == ["-p", "MainPID"]:
+            return 0, f"MainPID={self.popens[-1].pid if self.popens else 0}\n", ""
+        if cmd[1] == "show":
+            return 0, "Result=success\n", ""
+        if cmd[1] == "stop":
+            for pid in self.world.job_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            return 0, "", ""
+        raise AssertionError(f"unexpected command {cmd}")
+
+    def systemd_run(self, options: list) -> tuple:
+        if self.start_error:
+            return 1, "", self.start_error
+        argv = options[options.index("--") + 1:]
+        chdir = next((option.split("=", 1)[1] for option in options if option.startswith("--working-directory=")),
+                     None)
+        output = next((option.split(":", 1)[1] for option in options
+                       if option.startswith("--property=StandardOutput=append:")), None)
+        if output:
+            os.makedirs(os.path.dirname(output), exist_ok=True)
+        with open(output or os.devnull, "ab") as sink:
+            self.popens.append(subprocess.Popen(argv, cwd=chdir, stdin=subprocess.DEVNULL, stdout=sink,
+                                                stderr=subprocess.STDOUT, start_new_session=True))
+        return 0, "", ""
+
+    def close(self) -> None:
+        self.world.cleanup()
+        for popen in self.popens:
+            popen.wait(timeout=10)
+
+
+@pytest.fixture
+def systemd(world, monkeypatch):
+    fake = FakeSystemd(world)
+
+    def run_command(self, cmd, **kwargs):
+        world.calls.append(cmd)
+        if os.path.basename(cmd[0]) == "nvidia-smi":
+            return world.smi(cmd)
+        return fake.run_command(cmd)
+
+    monkeypatch.setattr(training_resume.AnsibleModule, "run_command", run_command)
+    yield fake
+    fake.close()
+
+
+def test_systemd_run_starts_the_job_as_a_transient_service(run_module, world, systemd):
+    result = run_module(training_resume.main, world.args(launcher="systemd-run", unit="dflash-training"))
+    assert result["failed"] is False, result["msg"]
+    assert result["pid"] == systemd.popens[0].pid and result["launched"] is True
+    assert read_record(world)["unit"] == "dflash-training.service"
+    systemd_calls = [cmd for cmd in world.calls if os.path.basename(cmd[0]) != "nvidia-smi"]
+    assert systemd_calls == [
+        ["/usr/bin/systemctl", "reset-failed", "dflash-training.service"],
+        ["/usr/bin/systemd-run", *result["launch_command"][1:]],
+        ["/usr/bin/systemctl", "show", "-p", "MainPID", "dflash-training.service"],
+    ]
+    assert "resuming at step 400" in world.output.read_text()
+
+
+def test_systemd_run_failing_starts_nothing_and_says_so(run_module, world, systemd):
+    systemd.start_error = "Failed to start transient service unit: Unit dflash-training.service was already loaded."
+    result = run_module(training_resume.main, world.args(launcher="systemd-run", unit="dflash-training"))
+    assert result["failed"] is True
+    assert result["msg"] == (
+        "systemd-run could not start dflash-training.service (exit 1): Failed to start transient service unit: Unit "
+        "dflash-training.service was already loaded. Nothing is running; check the resume command.")
+    assert result["rc"] == 1 and world.job_pids() == []
+
+
+def test_a_transient_service_that_exits_fails_with_the_end_of_its_journal(run_module, world, systemd):
+    systemd.journal = ["error: cannot load the checkpoint (simulated)"]
+    result = run_module(training_resume.main, world.args("--die", launcher="systemd-run", unit="dflash-training",
+                                                         output_file=None))
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"The training job started from {world.checkpoint} exited before it trained")
+    assert result["output_tail"] == "error: cannot load the checkpoint (simulated)"
+    assert ["/usr/bin/journalctl", "_SYSTEMD_UNIT=dflash-training.service", "--lines", "20", "--no-pager", "--output",
+            "cat"] in world.calls
+
+
+def test_a_transient_service_that_starts_over_is_stopped_through_systemd(run_module, world, systemd):
+    result = run_module(training_resume.main, world.args("--scratch", launcher="systemd-run", unit="dflash-training"))
+    assert result["failed"] is True and "Pivot stopped it again." in result["msg"]
+    assert ["/usr/bin/systemctl", "stop", "dflash-training.service"] in world.calls
+    assert world.job_pids() == []
+
+
+def test_without_systemd_run_nothing_is_started(run_module, world, systemd, monkeypatch):
+    monkeypatch.setattr(training_resume.AnsibleModule, "get_bin_path",
+                        lambda self, name, *a, **k: None if name == "systemd-run" else f"/usr/bin/{name}")
+    result = run_module(training_resume.main, world.args(launcher="systemd-run", unit="dflash-training"))
+    assert result["failed"] is True
+    assert result["msg"] == ("Unit dflash-training.service needs systemd-run, which is not on this host's PATH: run "
+                             "the task on the host whose systemd manages the unit. Nothing was started.")
+    assert systemd.popens == [] and world.job_pids() == []

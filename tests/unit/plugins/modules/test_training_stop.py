@@ -12,6 +12,7 @@ import re
 import time
 
 import pytest
+from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import STATE_PROPERTIES
 from ansible_collections.pivot.ops.plugins.modules import training_stop
 
 FAST = {"poll_interval": 0.05, "grace_period": 3, "kill_timeout": 5}
@@ -396,8 +397,10 @@ def test_unit_selection_uses_systemctl_and_cgroup(run_module, monkeypatch, tmp_p
     assert result["failed"] is False, result["msg"]
     assert sorted(entry["pid"] for entry in result["pids"]) == [500, 501]
     assert "systemctl stop trainer.service" in result["planned"]
-    show = "show -p MainPID -p ControlGroup -p ActiveState -p LoadState trainer.service"
-    assert calls == [["/bin/systemctl", *show.split()]]
+    # One look at the unit (its state, MainPID and ControlGroup among it), and nothing stopped in check mode.
+    assert calls == [["/bin/systemctl", "show", *[arg for prop in STATE_PROPERTIES for arg in ("-p", prop)],
+                      "trainer.service"]]
+    assert {"MainPID", "ControlGroup"} <= set(STATE_PROPERTIES)
 
 
 def test_unknown_unit_fails(run_module, monkeypatch):
@@ -408,6 +411,43 @@ def test_unknown_unit_fails(run_module, monkeypatch):
     result = run_module(training_stop.main, dict(FAST, unit="typo.service"))
     assert result["failed"] is True
     assert "does not exist" in result["msg"]
+
+
+def test_without_systemctl_a_unit_cannot_be_selected(run_module, monkeypatch):
+    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: None)
+    result = run_module(training_stop.main, dict(FAST, unit="trainer.service"))
+    assert result["failed"] is True
+    assert result["msg"] == ("Unit trainer.service needs systemctl, which is not on this host's PATH: run the task on "
+                             "the host whose systemd manages the unit. On a host without systemd, select the job with "
+                             "pidfile or cmdline_match.")
+    assert result["changed"] is False
+
+
+def test_a_failing_systemctl_stop_fails_before_any_signal(run_module, monkeypatch, tmp_path):
+    """Constructed: a fake /proc with one process in the unit's cgroup, under a PID above any kernel's pid_max (no
+    signal could reach a real process even if one went out)."""
+    pid = 4194400
+    (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+    (tmp_path / "proc" / str(pid) / "stat").write_text(
+        f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1500 0 0\n")
+    (tmp_path / "proc" / str(pid) / "cmdline").write_bytes(b"python3\0train.py\0")
+    (tmp_path / "proc" / str(pid) / "cgroup").write_text("0::/system.slice/trainer.service\n")
+    monkeypatch.setattr(training_stop, "PROC_ROOT", str(tmp_path / "proc"))
+    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
+    calls = []
+
+    def fake_run(self, cmd, **kwargs):
+        calls.append(cmd[1])
+        if cmd[1] == "stop":
+            return 1, "", "Failed to stop trainer.service: Access denied"
+        return 0, f"MainPID={pid}\nControlGroup=/system.slice/trainer.service\nLoadState=loaded\n", ""
+
+    monkeypatch.setattr(training_stop.AnsibleModule, "run_command", fake_run)
+    result = run_module(training_stop.main, dict(FAST, unit="trainer.service"))
+    assert result["failed"] is True
+    assert result["msg"] == ("systemctl stop trainer.service failed (exit 1): Failed to stop trainer.service: Access "
+                             "denied. See 'systemctl status trainer.service' on this host.")
+    assert result["rc"] == 1 and result["signals"] == [] and calls == ["show", "stop"]
 
 
 def test_argument_validation(run_module):
