@@ -24,6 +24,8 @@ PRODUCT = (
     "ddtree_runtime/acceptance/suite.py", "ddtree_runtime/train/pair.py",
 )
 TEST_EQUIPMENT = ("labserver", "pivot_lab", "tests/", "conftest", "fake_", "models/", "lab/")
+MATH = frozenset({f"ddtree_runtime.{name}" for name in ("tree", "verify", "sampling", "tokenizer")})
+"""The trees, their verification, sampling and the tokenizer: what the engines (reference/, sglang/, eval/) build on."""
 RUNS_WITH = frozenset({
     "torch", "numpy", "safetensors",  # its dependencies
     "transformers", "tokenizers",  # optional: Hugging Face tokenizer files, the [reference] parity checks
@@ -83,3 +85,13 @@ def test_the_product_imports_only_itself_the_standard_library_and_what_it_runs_w
             elif top not in sys.stdlib_module_names and top not in RUNS_WITH:
                 strays.setdefault(name, []).append(module)
     assert strays == {}
+
+
+def test_the_math_imports_no_engine(wheel: zipfile.ZipFile) -> None:
+    upward = {}
+    for module in sorted(MATH):
+        imported = absolute_imports(wheel.read(module.replace(".", "/") + ".py").decode())
+        found = sorted(m for m in imported if m.split(".")[0] == "ddtree_runtime" and m not in MATH)
+        if found:
+            upward[module] = found
+    assert upward == {}
