@@ -174,8 +174,10 @@ LAB_SERVER_ARGV = (
 )
 
 
-@pytest.mark.parametrize(("release", "mamba_flag"), [("0.5.11", "--mamba-scheduler-strategy"),
-                                                      ("0.5.23", "--mamba-radix-cache-strategy")])
+MAMBA_FLAGS = [("0.5.11", "--mamba-scheduler-strategy"), ("0.5.23", "--mamba-radix-cache-strategy")]
+
+
+@pytest.mark.parametrize(("release", "mamba_flag"), MAMBA_FLAGS)
 def test_the_launcher_hands_the_installed_lab_server_the_checked_settings(
     venvs: dict[str, Path], release: str, mamba_flag: str
 ) -> None:
