@@ -82,12 +82,17 @@ runtime_venv() {
   py=$(find_python '3\.11')
   [ -n "$py" ] || die "no CPython 3.11 found: ddtree_runtime's tests (and SGLang wheels) need 3.11."
   make_venv .venv-rt "$py" requirements/runtime-dev.txt
+  # ddtree_runtime, and the lab's server its tests start (test equipment: its own distribution, lab/files/labserver),
+  # both editable, so the tests always see the checkout.
   if [ -f ddtree_runtime/pyproject.toml ]; then
     local stamp
-    stamp=$(sha256sum < ddtree_runtime/pyproject.toml | cut -c1-16)
+    stamp=$(cat ddtree_runtime/pyproject.toml lab/files/labserver/pyproject.toml | sha256sum | cut -c1-16)
     if [ "$(cat .venv-rt/.pivot-ddtree 2>/dev/null)" != "$stamp" ]; then
-      say "installing ddtree_runtime (editable) into .venv-rt"
-      .venv-rt/bin/pip install -q --no-deps --no-build-isolation -e ./ddtree_runtime 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+      say "installing ddtree_runtime and the lab's server (editable) into .venv-rt"
+      .venv-rt/bin/pip install -q --no-deps --no-build-isolation -e ./ddtree_runtime -e ./lab/files/labserver 2>&1 \
+        | grep -v "is ignored: it is neither" >&2 || true
+      .venv-rt/bin/python -c 'import ddtree_runtime, pivot_labserver' \
+        || die ".venv-rt cannot import ddtree_runtime or pivot_labserver"
       echo "$stamp" > .venv-rt/.pivot-ddtree
     fi
   fi

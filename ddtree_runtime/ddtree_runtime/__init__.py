@@ -6,7 +6,9 @@ Modules:
 - :mod:`ddtree_runtime.verify`: greedy and lossless sampled tree verification, KV-compaction indices.
 - :mod:`ddtree_runtime.reference`: a pure-PyTorch Qwen3 target, the DFlash drafter and the
   autoregressive / DFlash / DDTree decoders.
-- :mod:`ddtree_runtime.labserver`: a lab-mode server that exposes SGLang's HTTP surface over the reference engine.
+
+The lab's server (SGLang's HTTP surface over the reference engine) is test equipment and not part of this package:
+``pivot_labserver`` in ``lab/files/labserver``, which imports this package and is never imported by it.
 """
 
 __version__ = "0.1.0"

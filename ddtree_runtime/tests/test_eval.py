@@ -244,7 +244,7 @@ API_KEY = "eval-key"
 def lab_server(tmp_path_factory) -> Iterator[str]:
     env = {**os.environ, "DDTREE_BUDGET": "8", "DDTREE_LAB_TORCH_THREADS": "1"}
     argv = [
-        sys.executable, "-m", "ddtree_runtime.labserver", "--host", "127.0.0.1", "--port", "0",
+        sys.executable, "-m", "pivot_labserver", "--host", "127.0.0.1", "--port", "0",
         "--model-path", str(SHIPPED_TARGET), "--speculative-algorithm", "DDTREE",
         "--speculative-draft-model-path", str(SHIPPED_DRAFTER), "--speculative-num-draft-tokens", "16",
         "--api-key", API_KEY,

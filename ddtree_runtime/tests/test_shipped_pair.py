@@ -103,7 +103,7 @@ def served_accept_length(tmp_path: Path, drafter: Path, target: Path = SHIPPED_T
     avg_spec_accept_length, like the acceptance gate."""
     env = {**os.environ, "DDTREE_BUDGET": "64", "DDTREE_TOPK": "8", "DDTREE_LAB_TORCH_THREADS": "1"}
     argv = [
-        sys.executable, "-m", "ddtree_runtime.labserver", "--host", "127.0.0.1", "--port", "0",
+        sys.executable, "-m", "pivot_labserver", "--host", "127.0.0.1", "--port", "0",
         "--model-path", str(target), "--speculative-algorithm", "DDTREE",
         "--speculative-draft-model-path", str(drafter), "--speculative-num-draft-tokens", "16",
         "--reasoning-parser", "qwen3",

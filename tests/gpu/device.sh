@@ -48,8 +48,9 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
     cp -a "$root/extra/." "$site/"
   fi
   # The cutlass DSL ships a .pth file; PYTHONPATH entries do not run .pth files, so its directory is named here.
-  # The checkout comes first (its data files and the in-place extension); the install provides the entry point.
-  export PYTHONPATH=$repo/ddtree_runtime:$root/ddtree:$site:$site/nvidia_cutlass_dsl/dsl_packages
+  # The checkout comes first (its data files and the in-place extension); the install provides the entry point. The
+  # lab's server (test equipment, not in ddtree_runtime) is there for the ddtree_runtime tests that start it.
+  export PYTHONPATH=$repo/ddtree_runtime:$repo/lab/files/labserver:$root/ddtree:$site:$site/nvidia_cutlass_dsl/dsl_packages
   export PATH=$site/bin:$PATH
   # The test machine has no network: nothing may wait on the Hugging Face hub.
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

@@ -3,7 +3,8 @@ python of a venv holding the stand-in wheel, as on the lab's serving host.
 
 0.5.11 (the user's venv) takes the user's unit with --mamba-scheduler-strategy and has no plugin system; 0.5.23 (the
 release venv) refuses that flag (as real 0.5.23 does: tests/contract) and knows DDTREE only when ddtree_runtime's entry
-point is installed and selected, judging it with the plugin's own rules.
+point is installed and selected, judging it with the plugin's own rules. Each venv also holds the lab server's wheel,
+as on the lab's serving host, and the launcher hands it the checked settings.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "lab" / "files" / "sglang-standin" / "build_wheels.py"
+LABSERVER = REPO / "lab" / "files" / "labserver"
 CHECK = REPO / "roles" / "sglang_release" / "files" / "check_server_args.py"
 TARGET = REPO / "ddtree_runtime" / "models" / "pivot-coder-tiny"
 DRAFTER = REPO / "ddtree_runtime" / "models" / "pivot-coder-tiny-dflash"
@@ -48,10 +52,21 @@ def install_ddtree_from_checkout(venv: Path) -> None:
     (site / "ddtree_runtime_checkout.pth").write_text(f"{REPO / 'ddtree_runtime'}\n")
 
 
+def labserver_wheel_name() -> str:
+    project = tomllib.loads((LABSERVER / "pyproject.toml").read_text())["project"]
+    return f"{project['name']}-{project['version']}-py3-none-any.whl"
+
+
 @pytest.fixture(scope="module")
-def venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, str(BUILD), str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("standin")
-    subprocess.run([sys.executable, str(BUILD), str(root / "wheels")], check=True, capture_output=True)
     # SGLang reads --config with PyYAML (the lab's hosts have it on their shared package path); the pure-Python
     # part of the controller's copy stands in for it here.
     shutil.copytree(Path(yaml.__file__).parent, root / "pylib" / "yaml")
@@ -59,7 +74,7 @@ def venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, version in (("0.5.11", "0.5.11"), ("0.5.23", "0.5.23"), ("0.5.23-ddtree", "0.5.23")):
         venv = root / name
         subprocess.run([LAB_PYTHON, "-m", "venv", str(venv)], check=True, timeout=120)
-        pip(venv, str(root / "wheels" / f"sglang-{version}-py3-none-any.whl"))
+        pip(venv, str(wheels / f"sglang-{version}-py3-none-any.whl"), str(wheels / labserver_wheel_name()))
         site = next((venv / "lib").glob("python3*/site-packages"))
         (site / "pylib.pth").write_text(f"{root / 'pylib'}\n")
         made[name] = venv
@@ -137,3 +152,41 @@ def test_the_api_key_comes_from_a_config_file(venvs: dict[str, Path], tmp_path: 
     wrong.write_text("api-key: s3cret\n")
     done = check(venvs["0.5.23"], ["--model-path", str(TARGET), "--config", str(wrong)])
     assert done.returncode == 2 and "Config file must be YAML format" in done.stderr
+
+
+def test_the_lab_server_wheel_holds_its_package_and_needs_nothing_offline(wheels: Path) -> None:
+    with zipfile.ZipFile(wheels / labserver_wheel_name()) as wheel:
+        names = set(wheel.namelist())
+        metadata = wheel.read(next(name for name in names if name.endswith(".dist-info/METADATA"))).decode()
+    package = {path.relative_to(LABSERVER).as_posix() for path in (LABSERVER / "pivot_labserver").glob("*.py")}
+    assert package and package <= names
+    assert not [name for name in names if name.startswith("tests/")]
+    # pip installs the release venv's wheelhouse offline before ddtree_runtime: a dependency would not resolve
+    assert "Requires-Dist" not in metadata
+
+
+LAB_SERVER_ARGV = (
+    "import json, sys\n"
+    "from pivot_labserver.cli import parse_args\n"
+    "from sglang.launch_server import labserver_argv\n"
+    "from sglang.srt.server_args import prepare_server_args\n"
+    "print(json.dumps(vars(parse_args(labserver_argv(prepare_server_args(sys.argv[1:]))))))\n"
+)
+
+
+MAMBA_FLAGS = [("0.5.11", "--mamba-scheduler-strategy"), ("0.5.23", "--mamba-radix-cache-strategy")]
+
+
+@pytest.mark.parametrize(("release", "mamba_flag"), MAMBA_FLAGS)
+def test_the_launcher_hands_the_installed_lab_server_the_checked_settings(
+    venvs: dict[str, Path], release: str, mamba_flag: str
+) -> None:
+    args = [mamba_flag if a == "--mamba-scheduler-strategy" else a for a in USER_UNIT_ARGS]
+    done = subprocess.run([str(venvs[release] / "bin" / "python"), "-c", LAB_SERVER_ARGV, *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    served = json.loads(done.stdout)
+    assert (served["model_path"], served["tp_size"], served["port"]) == (str(TARGET), 2, 30000)
+    assert (served["speculative_algorithm"], served["speculative_num_steps"]) == ("NEXTN", 3)
+    # the lab server takes SGLang 0.5.23's flag names; 0.5.11's mamba flag has no counterpart there
+    assert served["mamba_radix_cache_strategy"] == ("extra_buffer" if release == "0.5.23" else None)

@@ -21,7 +21,8 @@ PRODUCT = (
     "ddtree_runtime/ddtree_runtime/model_layout.py", "ddtree_runtime/csrc/tree.cu",
 )
 TEST_EQUIPMENT = ("lab/", "tests/", "molecule/", "inventory/lab", ".venv", ".cache", "artifacts/", "state/",
-                  "ddtree_runtime/models/", "ddtree_runtime/tests/", ".ruff_cache", ".hypothesis", "__pycache__")
+                  "ddtree_runtime/models/", "ddtree_runtime/tests/", ".ruff_cache", ".hypothesis", "__pycache__",
+                  "labserver", "pivot_lab")
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Benchmark: acceptance length (tau) and CPU throughput of AR vs DFlash vs DDTree on a model pair.
 
-By default the pair is the lab's random Qwen3 target + random DFlash drafter (created under a temp dir from
-the lab configs; see :mod:`ddtree_runtime.labserver.models`). With random weights the drafter carries no
-information about the target, so tau is about 1 for every method; that is the expected result, not a bug.
+By default the pair is the random byte pair of :mod:`ddtree_runtime.reference.tiny` (a Qwen3 target + a DFlash
+drafter, saved under a temp dir; the lab's server makes the same models for paths that are not on disk). With random
+weights the drafter carries no information about the target, so tau is about 1 for every method; that is the expected
+result, not a bug.
 Pass ``--target``/``--drafter`` directories to run a trained pair instead.
 
     python -m ddtree_runtime.bench.tau --prompts 8 --max-new-tokens 64 --budgets 16,64,256
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ddtree_runtime.labserver.models import resolve_drafter_dir, resolve_target_dir
-from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash
+from ddtree_runtime.reference import DFlashDrafter, SpeculativeDecoder, load_dflash, save_dflash, save_qwen3
 from ddtree_runtime.reference.target import load_target
+from ddtree_runtime.reference.tiny import name_seed, random_byte_drafter, random_byte_target
 from ddtree_runtime.sampling import SamplingParams
 from ddtree_runtime.tokenizer import chat_prompt, load_tokenizer
 
@@ -35,16 +36,21 @@ PROMPTS = [
 ]
 
 
+def save_random_pair(root: Path) -> tuple[Path, Path]:
+    """The random byte pair saved under ``root``: the target's directory and the drafter's (seeded from the names
+    ``/bench/target`` and ``/bench/drafter``, the weights this benchmark has always run)."""
+    target = random_byte_target(name_seed("/bench/target"))
+    target_dir, drafter_dir = root / "target", root / "drafter"
+    save_qwen3(target, target_dir)
+    save_dflash(random_byte_drafter(target.config, name_seed("/bench/drafter")), drafter_dir)
+    return target_dir, drafter_dir
+
+
 def load_pair(target: str | None, drafter: str | None, dtype: torch.dtype) -> tuple[SpeculativeDecoder, Path]:
     """The decoder and the target's directory (whose tokenizer the prompts use)."""
     if target is None:
-        import os  # noqa: PLC0415 - only the random-pair path touches the environment
-
-        root = tempfile.mkdtemp(prefix="ddtree-bench-")
-        os.environ["PIVOT_LAB_MODEL_ROOT"] = root
-        target_dir = resolve_target_dir("/bench/target")
+        target_dir, drafter_dir = save_random_pair(Path(tempfile.mkdtemp(prefix="ddtree-bench-")))
         model = load_target(target_dir, dtype=dtype)
-        drafter_dir = resolve_drafter_dir("/bench/drafter", model.config)
     else:
         target_dir, model = Path(target), load_target(target, dtype=dtype)
         drafter_dir = Path(drafter) if drafter else None

@@ -6,7 +6,11 @@
 - ``sglang-0.5.23-py3-none-any.whl``: the release Pivot installs into its release venvs;
 - ``pivot_lab_site-1.0-py3-none-any.whl``: a ``.pth`` that puts the lab's read-only Python packages (torch & co.,
   bind-mounted at /opt/pivot-lab/pylib) and the reference engine (/opt/pivot-lab/engine) on a venv's path, standing
-  in for the torch and CUDA wheels a real release venv gets from the wheelhouse.
+  in for the torch and CUDA wheels a real release venv gets from the wheelhouse;
+- ``pivot_labserver-<version>-py3-none-any.whl``: the lab's server (``../labserver``, name and version from its
+  pyproject.toml), which the stand-in SGLang serves with. It declares no dependencies, as the stand-in declares none:
+  the venvs it goes into get ddtree_runtime and torch otherwise (a release venv its ddtree_runtime from Pivot, every lab
+  venv the rest through ``pivot_lab_site``).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+LABSERVER = HERE.parent / "labserver"
 SGLANG_RELEASES = {"0.5.11": False, "0.5.23": True}
 """Release -> whether it has SGLang's plugin system (``sglang.srt.plugins``, 0.5.12+)."""
 LAB_SITE_PATHS = ("/opt/pivot-lab/pylib", "/opt/pivot-lab/engine")
@@ -56,6 +62,17 @@ def sglang_files(version: str, has_plugins: bool) -> dict[str, bytes]:
     return files
 
 
+def package_files(root: Path, package: str) -> dict[str, bytes]:
+    """Every ``.py`` file of ``root/package``, named as in a wheel."""
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in sorted((root / package).rglob("*.py"))}
+
+
+def build_labserver(out_dir: Path) -> Path:
+    project = tomllib.loads((LABSERVER / "pyproject.toml").read_text())["project"]
+    name, version = project["name"], project["version"]
+    return write_wheel(out_dir, name, version, package_files(LABSERVER, name))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
@@ -66,6 +83,7 @@ def main(argv: list[str]) -> int:
         print(write_wheel(out_dir, "sglang", version, sglang_files(version, has_plugins)))
     pth = ("\n".join(LAB_SITE_PATHS) + "\n").encode()
     print(write_wheel(out_dir, "pivot_lab_site", "1.0", {"pivot_lab_site.pth": pth}))
+    print(build_labserver(out_dir))
     return 0
 
 

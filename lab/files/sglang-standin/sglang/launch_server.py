@@ -1,8 +1,8 @@
 """``python -m sglang.launch_server ARGS``: SGLang's start sequence, then the reference engine behind SGLang's API.
 
 As SGLang does: load the selected plugins (releases with a plugin system), parse and check the command line (exit 2
-with the parser's message, or the plugin's refusal as a traceback), then serve. Serving is
-``ddtree_runtime.labserver`` with the checked settings; the lab server reports this release's version.
+with the parser's message, or the plugin's refusal as a traceback), then serve. Serving is the lab's server
+(``pivot_labserver``, installed beside this stand-in) with the checked settings; it reports this release's version.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ VERSION_ENV = "DDTREE_LAB_SGLANG_VERSION"
 
 def labserver_argv(args: argparse.Namespace) -> list[str]:
     """The lab server's command line for the checked settings: every value it has a flag for and that is set."""
-    from ddtree_runtime.labserver.cli import build_parser  # noqa: PLC0415 - the engine lives on the lab's pylib path
+    from pivot_labserver.cli import build_parser  # noqa: PLC0415 - the lab's server, installed beside this stand-in
 
     argv: list[str] = []
     for action in build_parser()._actions:
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         load_plugins()
     args = prepare_server_args(list(sys.argv[1:] if argv is None else argv))
-    from ddtree_runtime.labserver.server import main as serve  # noqa: PLC0415
+    from pivot_labserver.server import main as serve  # noqa: PLC0415
 
     os.environ[VERSION_ENV] = __version__
     return serve(labserver_argv(args))

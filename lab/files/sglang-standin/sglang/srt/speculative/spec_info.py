@@ -39,7 +39,7 @@ class SpeculativeAlgorithm:
     def factory(self, server_args: object) -> type:
         """The worker class SGLang would start for this algorithm: here, the reference engine."""
         del server_args
-        from ddtree_runtime.labserver.engine import LabEngine  # noqa: PLC0415 - on the lab's engine path
+        from pivot_labserver.engine import LabEngine  # noqa: PLC0415 - the lab's server, installed beside this stand-in
 
         return LabEngine
 

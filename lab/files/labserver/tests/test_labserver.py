@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ddtree_runtime.labserver.cli import TreeKnobs, parse_args, tree_knobs_from_env
-from ddtree_runtime.labserver.engine import plan_decoding
-from ddtree_runtime.labserver.models import resolve_target_dir
-from ddtree_runtime.labserver.server import proc_starttime, split_reasoning
+from ddtree_runtime.bench.tau import save_random_pair
+from ddtree_runtime.reference import load_target
 from ddtree_runtime.tokenizer import ByteTokenizer, chat_prompt
+from pivot_labserver.cli import TreeKnobs, parse_args, tree_knobs_from_env
+from pivot_labserver.engine import plan_decoding
+from pivot_labserver.models import resolve_drafter_dir, resolve_target_dir
+from pivot_labserver.server import proc_starttime, split_reasoning
 
 PRODUCTION = (
     "--model-path /root/models/Qwen3.6-27B --port 30000 --host 0.0.0.0 --tp-size 2 --mem-fraction-static 0.88 "
@@ -113,6 +115,17 @@ def test_lab_models_are_deterministic_and_need_the_root(tmp_path, monkeypatch):
     assert json.loads((first / "pivot_lab_model.json").read_text())["random_weights"] is True
 
 
+def test_lab_models_are_the_byte_pair_bench_tau_runs(tmp_path, monkeypatch):
+    """Both make ddtree_runtime's random byte pair, seeded from the same names: the same files."""
+    monkeypatch.setenv("PIVOT_LAB_MODEL_ROOT", str(tmp_path / "lab"))
+    bench_target, bench_drafter = save_random_pair(tmp_path / "bench")
+    lab_target = resolve_target_dir("/bench/target")
+    lab_drafter = resolve_drafter_dir("/bench/drafter", load_target(lab_target).config)
+    for lab, bench in ((lab_target, bench_target), (lab_drafter, bench_drafter)):
+        for name in ("config.json", "model.safetensors"):
+            assert (lab / name).read_bytes() == (bench / name).read_bytes(), name
+
+
 # -- a real server process -------------------------------------------------------------------------------
 
 
@@ -152,7 +165,7 @@ def start_server(tmp_path: Path, extra: list[str], load_delay: float = 0.0) -> R
         "DDTREE_LAB_LOAD_DELAY_S": str(load_delay),
         "DDTREE_BUDGET": "8",
     }
-    argv = [sys.executable, "-m", "ddtree_runtime.labserver", "--host", "127.0.0.1", "--port", "0", *extra]
+    argv = [sys.executable, "-m", "pivot_labserver", "--host", "127.0.0.1", "--port", "0", *extra]
     process = subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     log: list[str] = []
     assert process.stderr is not None
@@ -341,13 +354,13 @@ def test_nextn_is_reported_as_eagle_and_served_autoregressively(tmp_path):
 
 def test_unknown_flag_exits_2_and_missing_model_exits_1(tmp_path):
     bad = subprocess.run(
-        [sys.executable, "-m", "ddtree_runtime.labserver", "--model-path", "m", "--bogus"],
+        [sys.executable, "-m", "pivot_labserver", "--model-path", "m", "--bogus"],
         capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
     )
     assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
     env = {k: v for k, v in os.environ.items() if k != "PIVOT_LAB_MODEL_ROOT"}
     missing = subprocess.run(
-        [sys.executable, "-m", "ddtree_runtime.labserver", "--model-path", str(tmp_path / "none"), "--port", "0"],
+        [sys.executable, "-m", "pivot_labserver", "--model-path", str(tmp_path / "none"), "--port", "0"],
         capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env, check=False,
     )
     assert missing.returncode == 1 and "PIVOT_LAB_MODEL_ROOT" in missing.stderr
@@ -358,8 +371,8 @@ def test_server_path_works_without_transformers(tmp_path):
     script = (
         "import sys; sys.modules['transformers'] = None\n"
         "import os; os.environ['PIVOT_LAB_MODEL_ROOT'] = sys.argv[1]\n"
-        "from ddtree_runtime.labserver.cli import parse_args, tree_knobs_from_env\n"
-        "from ddtree_runtime.labserver.engine import LabEngine\n"
+        "from pivot_labserver.cli import parse_args, tree_knobs_from_env\n"
+        "from pivot_labserver.engine import LabEngine\n"
         "from ddtree_runtime.sampling import SamplingParams\n"
         "args = parse_args(['--model-path', '/m/t', '--speculative-algorithm', 'DDTREE',"
         " '--speculative-draft-model-path', '/m/d'])\n"

@@ -24,8 +24,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ddtree_runtime.labserver",
-        description="Lab-mode server: SGLang's HTTP surface over the ddtree_runtime reference engine.",
+        prog="python -m pivot_labserver",
+        description="The lab's stand-in for SGLang's server: SGLang's HTTP surface over the reference engine.",
     )
     p.add_argument("--model-path", required=True)
     p.add_argument("--tokenizer-path")

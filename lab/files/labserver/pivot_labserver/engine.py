@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from ddtree_runtime.labserver.cli import TreeKnobs, reported_algorithm
-from ddtree_runtime.labserver.models import resolve_drafter_dir, resolve_target_dir
 from ddtree_runtime.reference import DFlashDrafter, GenerationResult, SpeculativeDecoder, load_dflash, load_target
 from ddtree_runtime.reference.decoding import Method
 from ddtree_runtime.sampling import SamplingParams
 from ddtree_runtime.tokenizer import load_tokenizer
 
-log = logging.getLogger("ddtree_runtime.labserver")
+from pivot_labserver.cli import TreeKnobs, reported_algorithm
+from pivot_labserver.models import resolve_drafter_dir, resolve_target_dir
+
+log = logging.getLogger("pivot_labserver")
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

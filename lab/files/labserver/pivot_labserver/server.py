@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from ddtree_runtime import __version__
-from ddtree_runtime.labserver.cli import parse_args, tree_knobs_from_env
-from ddtree_runtime.labserver.engine import LabEngine
 from ddtree_runtime.reference import GenerationResult
 from ddtree_runtime.sampling import SamplingParams
 from ddtree_runtime.tokenizer import chat_prompt, thinking_suffix
 
-log = logging.getLogger("ddtree_runtime.labserver")
+from ddtree_runtime import __version__
+from pivot_labserver.cli import parse_args, tree_knobs_from_env
+from pivot_labserver.engine import LabEngine
+
+log = logging.getLogger("pivot_labserver")
 
 SGLANG_SURFACE_VERSION = "0.5.23"
 """The SGLang release whose HTTP surface and flags this server mimics (reported as ``version``)."""

@@ -1,5 +1,0 @@
-import sys
-
-from ddtree_runtime.labserver.server import main
-
-sys.exit(main())

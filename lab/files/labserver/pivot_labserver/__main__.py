@@ -1,0 +1,5 @@
+import sys
+
+from pivot_labserver.server import main
+
+sys.exit(main())
