@@ -11,6 +11,9 @@ The compiled extension (``ddtree_runtime._C``, built from ``csrc/`` when ``DDTRE
    EAGLE-style retrieve lists;
 4. ``greedy_accept``: the acceptance walk over the retrieve lists and the KV-compaction slot pairs.
 
+The operators return tuples of tensors; the wrappers below name them with the containers every path shares:
+:class:`ddtree_runtime.tree.DraftTreeBatch` for trees (the kernel's ``scores`` are its ``log_probs``).
+
 All outputs have fixed shapes (``max_budget`` / ``max_depth`` padding with ``-1``, never a real token id), no
 operator reads a device value on the host, so a round can be captured in a CUDA graph. The wrappers below
 use the kernels for CUDA tensors when the extension is loaded and the PyTorch path otherwise (saying once
@@ -22,19 +25,14 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 
+from ddtree_runtime import tree as _tree  # the PyTorch path, by module: ops names only what reaches the kernels
 from ddtree_runtime.sglang.config import MAX_BUDGET  # the one limit: the plugin's settings refuse larger budgets
-from ddtree_runtime.tree import (
-    NO_NODE,
-    DraftTreeBatch,
-    build_tree_batch_from_topk,
-    depth_log_probs,
-    visibility_from_parents,
-)
+from ddtree_runtime.tree import NO_NODE, DraftTreeBatch, depth_log_probs
 from ddtree_runtime.verify import follow_greedy_batch
 
 __all__ = [
@@ -42,9 +40,7 @@ __all__ = [
     "MAX_DEPTH",
     "Acceptance",
     "TopK",
-    "TreeTensors",
     "VerifyInputs",
-    "as_draft_tree_batch",
     "build_tree",
     "build_tree_from_topk",
     "compare_with_reference",
@@ -67,18 +63,6 @@ class TopK(NamedTuple):
     log_probs: torch.Tensor
     ids: torch.Tensor
     invalid: torch.Tensor
-
-
-class TreeTensors(NamedTuple):
-    """Padded trees, ``Bmax = max_budget``: the fields of :class:`ddtree_runtime.tree.DraftTreeBatch` except
-    visibility (``scores`` are its ``log_probs``)."""
-
-    token_ids: torch.Tensor
-    depths: torch.Tensor
-    parents: torch.Tensor
-    scores: torch.Tensor
-    ranks: torch.Tensor
-    num_nodes: torch.Tensor
 
 
 class VerifyInputs(NamedTuple):
@@ -205,7 +189,7 @@ def build_tree_from_topk(
     ids: torch.Tensor,
     budgets: Sequence[int] | torch.Tensor,
     max_budget: int | None = None,
-) -> TreeTensors:
+) -> DraftTreeBatch:
     """Best-first trees from ``[B, L, K]`` arrays in rank order (``k_b = min(budget_b, K)``), padded to
     ``max_budget``. Tensor budgets outside ``[0, max_budget]`` are clamped (checking would read the device).
 
@@ -221,25 +205,16 @@ def build_tree_from_topk(
         raise ValueError(f"depth must be <= {MAX_DEPTH} and K <= {MAX_BUDGET}")
     budget_t, max_budget = _budget_tensor(budgets, log_probs.shape[0], max_budget, log_probs.device)
     if _use_kernels(log_probs):
-        return TreeTensors(*torch.ops.ddtree_runtime.build_tree(log_probs, ids.long(), budget_t, max_budget))
+        token_ids, depths, parents, scores, ranks, num_nodes = torch.ops.ddtree_runtime.build_tree(
+            log_probs, ids.long(), budget_t, max_budget)
+        return DraftTreeBatch(token_ids=token_ids, depths=depths, parents=parents, log_probs=scores, ranks=ranks,
+                              num_nodes=num_nodes)
     return _tree_reference(log_probs, ids, budget_t.clamp(0, max_budget), max_budget)
 
 
-def _tree_reference(log_probs: torch.Tensor, ids: torch.Tensor, budgets: torch.Tensor, max_budget: int) -> TreeTensors:
-    batch = build_tree_batch_from_topk(log_probs, ids.long(), budgets)
-    extra = max_budget - batch.token_ids.shape[1]
-
-    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, extra), value=value)
-
-    return TreeTensors(
-        token_ids=pad(batch.token_ids, NO_NODE),
-        depths=pad(batch.depths, 0),
-        parents=pad(batch.parents, NO_NODE),
-        scores=pad(batch.log_probs, float("-inf")),
-        ranks=pad(batch.ranks, NO_NODE),
-        num_nodes=batch.num_nodes,
-    )
+def _tree_reference(log_probs: torch.Tensor, ids: torch.Tensor, budgets: torch.Tensor,
+                    max_budget: int) -> DraftTreeBatch:
+    return _tree.build_tree_batch_from_topk(log_probs, ids.long(), budgets).padded(max_budget + 1)
 
 
 def build_tree(
@@ -247,7 +222,7 @@ def build_tree(
     budgets: Sequence[int] | torch.Tensor,
     max_budget: int | None = None,
     max_topk: int | None = None,
-) -> tuple[TopK, TreeTensors]:
+) -> tuple[TopK, DraftTreeBatch]:
     """Top-K (``K = min(max_budget, V, max_topk)``) then best-first trees from drafter ``logits [B, L, V]``."""
     if logits.dim() != 3:
         raise ValueError(f"logits must be [B, L, V], got shape {tuple(logits.shape)}")
@@ -270,7 +245,7 @@ def build_tree(
 
 
 def tree_verify_inputs(
-    tree: TreeTensors,
+    tree: DraftTreeBatch,
     root_tokens: torch.Tensor,
     seq_lens: torch.Tensor,
     mask_numel: int | None = None,
@@ -292,22 +267,8 @@ def tree_verify_inputs(
     return _verify_reference(tree, root_tokens, seq_lens, mask_numel)
 
 
-def as_draft_tree_batch(tree: TreeTensors, visibility: torch.Tensor | None = None) -> DraftTreeBatch:
-    """The reference container for ``tree`` (visibility recomputed when not given)."""
-    return DraftTreeBatch(
-        token_ids=tree.token_ids,
-        depths=tree.depths,
-        parents=tree.parents,
-        visibility=visibility_from_parents(tree.parents) if visibility is None else visibility,
-        log_probs=tree.scores,
-        ranks=tree.ranks,
-        num_nodes=tree.num_nodes,
-    )
-
-
-def _verify_reference(tree: TreeTensors, root_tokens: torch.Tensor, seq_lens: torch.Tensor,
+def _verify_reference(batch: DraftTreeBatch, root_tokens: torch.Tensor, seq_lens: torch.Tensor,
                       mask_numel: int) -> VerifyInputs:
-    batch = as_draft_tree_batch(tree)
     lists = batch.retrieve_lists()
     lengths = seq_lens.long().reshape(-1)
     if mask_numel > 0:
@@ -315,7 +276,7 @@ def _verify_reference(tree: TreeTensors, root_tokens: torch.Tensor, seq_lens: to
         if flat.numel() != mask_numel:
             raise ValueError(f"mask_numel is {mask_numel} but the flat mask has {flat.numel()} elements")
     else:
-        flat = torch.zeros(0, dtype=torch.bool, device=tree.parents.device)
+        flat = torch.zeros(0, dtype=torch.bool, device=batch.parents.device)
     return VerifyInputs(
         input_ids=batch.verify_input_ids(root_tokens.long()),
         positions=batch.positions(lengths),
@@ -374,10 +335,10 @@ def moving_kv_pairs(acceptance: Acceptance) -> tuple[torch.Tensor, torch.Tensor,
 # --- self-comparison ---------------------------------------------------------------------------------------
 
 
-def _differences(name: str, ours: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
-                 fields: Sequence[str]) -> list[str]:
+def _differences(name: str, ours: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> list[str]:
     problems = []
-    for field, a, b in zip(fields, ours, reference, strict=True):
+    for field, a in ours.items():
+        b = reference[field]
         if a.shape != b.shape or not torch.equal(a.cpu(), b.cpu()):
             problems.append(f"{name}.{field} differs from the reference")
     return problems
@@ -394,20 +355,21 @@ def compare_with_reference(device: torch.device, seed: int = 0) -> list[str]:
     budgets = [64, 0, 200, 17]
     top, tree = build_tree(logits, budgets, max_budget=200)
     ref_top = _topk_reference(logits, 200)
-    problems = _differences("topk", top[1:], ref_top[1:], ("ids", "invalid"))
+    problems = _differences("topk", {"ids": top.ids, "invalid": top.invalid},
+                            {"ids": ref_top.ids, "invalid": ref_top.invalid})
     if not torch.allclose(top.log_probs.cpu(), ref_top.log_probs.cpu(), rtol=0, atol=1e-5):
         problems.append("topk.log_probs differ from the reference by more than 1e-5")
     # Scores must be bit-identical from identical top-K arrays (logsumexp may differ by an ulp).
     ref_tree = _tree_reference(top.log_probs, top.ids, torch.tensor(budgets, device=device), 200)
-    problems += _differences("tree", tree, ref_tree, TreeTensors._fields)
+    problems += _differences("tree", tree.tensors(), ref_tree.tensors())
     roots = torch.randint(0, 3000, (4,), generator=generator).to(device)
     seq_lens = torch.tensor([5, 0, 17, 3], device=device)
     verify = tree_verify_inputs(tree, roots, seq_lens)
-    problems += _differences("verify", verify, _verify_reference(ref_tree, roots, seq_lens, verify.flat_mask.numel()),
-                             VerifyInputs._fields)
+    problems += _differences("verify", verify._asdict(),
+                             _verify_reference(ref_tree, roots, seq_lens, verify.flat_mask.numel())._asdict())
     predict = _first_child_tokens(verify, generator)
     ours = greedy_accept(verify, predict, seq_lens, 15)
-    problems += _differences("accept", ours, _accept_reference(verify, predict, seq_lens, 15), Acceptance._fields)
+    problems += _differences("accept", ours._asdict(), _accept_reference(verify, predict, seq_lens, 15)._asdict())
     return problems
 
 

@@ -75,10 +75,10 @@ def test_build_tree_fallback_pads_to_max_budget(cpu_fallback):
     assert torch.equal(tree.num_nodes, reference.num_nodes)
     assert torch.equal(tree.token_ids[:, :20], reference.token_ids)
     assert torch.equal(tree.parents[:, :21], reference.parents)
-    assert torch.equal(tree.scores[:, :20], reference.log_probs)
+    assert torch.equal(tree.log_probs[:, :20], reference.log_probs)
     assert torch.equal(tree.depths[:, :20], reference.depths) and torch.equal(tree.ranks[:, :20], reference.ranks)
     assert (tree.token_ids[:, 20:] == -1).all() and (tree.parents[:, 21:] == -1).all()
-    assert (tree.depths[:, 20:] == 0).all() and torch.isneginf(tree.scores[:, 20:]).all()
+    assert (tree.depths[:, 20:] == 0).all() and torch.isneginf(tree.log_probs[:, 20:]).all()
     assert top.log_probs.shape == (3, 5, 32)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddtree_runtime.tree import build_tree_from_topk, depth_log_probs, ranked_topk
+from ddtree_runtime.tree import DraftTreeBatch, build_tree_from_topk, depth_log_probs, ranked_topk
 
 from ddtree_runtime import ops
 
@@ -114,14 +114,14 @@ def reference_tree_fields(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> d
         "token_ids": tree.token_ids,
         "depths": tree.depths,
         "parents": tree.parents,
-        "scores": tree.log_probs,
+        "log_probs": tree.log_probs,
         "ranks": tree.ranks,
     }
 
 
-def assert_tree_equal(lp: torch.Tensor, ids: torch.Tensor, budgets: list[int], max_budget: int) -> ops.TreeTensors:
+def assert_tree_equal(lp: torch.Tensor, ids: torch.Tensor, budgets: list[int], max_budget: int) -> DraftTreeBatch:
     tree = ops.build_tree_from_topk(lp.to(CUDA), ids.to(CUDA), budgets, max_budget)
-    cpu = ops.TreeTensors(*(t.cpu() for t in tree))
+    cpu = tree.to("cpu")
     for b, budget in enumerate(budgets):
         expected = reference_tree_fields(lp[b], ids[b], budget)
         n = int(cpu.num_nodes[b])
@@ -130,7 +130,7 @@ def assert_tree_equal(lp: torch.Tensor, ids: torch.Tensor, budgets: list[int], m
             got = getattr(cpu, name)[b, : n + 1 if name == "parents" else n]
             assert torch.equal(got, value), (b, budget, name)
         assert (cpu.token_ids[b, n:] == -1).all() and (cpu.parents[b, n + 1 :] == -1).all()
-        assert torch.isneginf(cpu.scores[b, n:]).all() and (cpu.depths[b, n:] == 0).all()
+        assert torch.isneginf(cpu.log_probs[b, n:]).all() and (cpu.depths[b, n:] == 0).all()
     return tree
 
 
@@ -180,7 +180,7 @@ def test_verify_inputs_and_walks_equal_the_reference():
     roots = torch.tensor([1, 2, 3, 4, 5], device=CUDA)
     seq_lens = torch.tensor([0, 7, 100, 3, 1], device=CUDA)
     verify = ops.tree_verify_inputs(tree, roots, seq_lens)
-    cpu_tree = ops.TreeTensors(*(t.cpu() for t in tree))
+    cpu_tree = tree.to("cpu")
     reference = ops._verify_reference(cpu_tree, roots.cpu(), seq_lens.cpu(), verify.flat_mask.numel())
     for name, ours, ref in zip(ops.VerifyInputs._fields, verify, reference, strict=True):
         assert torch.equal(ours.cpu(), ref), name
@@ -211,7 +211,7 @@ def test_a_round_is_capturable_in_a_cuda_graph():
         _unused, tree = ops.build_tree(logits, budgets, max_budget=256)
         verify = ops.tree_verify_inputs(tree, roots, seq_lens, mask_numel)
         accepted = ops.greedy_accept(verify, predict, seq_lens, 15)
-        return (*tree, *verify, *accepted)
+        return (*tree.tensors().values(), *verify, *accepted)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

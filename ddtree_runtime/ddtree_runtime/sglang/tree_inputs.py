@@ -46,7 +46,7 @@ def tree_verify_tensors(
 
     A fixed ``width`` (budget + 1) keeps CUDA-graph shapes constant whatever size the trees came out.
     """
-    trees = pad_tree_batch(trees, trees.width if width is None else width)
+    trees = trees.padded(trees.width if width is None else width)
     batch, slots = trees.batch_size, trees.width
     roots = root_tokens.reshape(-1).to(torch.long)
     candidates = trees.verify_input_ids(roots)
@@ -101,36 +101,6 @@ def compiled_verify_tensors(
         retrieve_index=torch.arange(batch, device=log_probs.device)[:, None] * width + slots[None, :],
         retrieve_next_token=verify.retrieve_next_token,
         retrieve_next_sibling=verify.retrieve_next_sibling,
-    )
-
-
-def pad_tree_batch(trees: DraftTreeBatch, width: int) -> DraftTreeBatch:
-    """The same trees with ``width`` slots per request (root included); padding as in :class:`DraftTreeBatch`."""
-    current = trees.width
-    if width < current:
-        raise ValueError(f"cannot pad trees of width {current} down to {width}")
-    if width == current:
-        return trees
-    extra = width - current
-    batch = trees.batch_size
-    device = trees.parents.device
-
-    def pad(tensor: torch.Tensor, value: float) -> torch.Tensor:
-        filler = torch.full((batch, extra), value, dtype=tensor.dtype, device=device)
-        return torch.cat([tensor, filler], dim=1)
-
-    visibility = torch.zeros(batch, width, width, dtype=torch.bool, device=device)
-    visibility[:, :current, :current] = trees.visibility
-    diagonal = torch.arange(current, width, device=device)
-    visibility[:, diagonal, diagonal] = True
-    return DraftTreeBatch(
-        token_ids=pad(trees.token_ids, NO_NODE),
-        depths=pad(trees.depths, 0),
-        parents=pad(trees.parents, NO_NODE),
-        visibility=visibility,
-        log_probs=pad(trees.log_probs, float("-inf")),
-        ranks=pad(trees.ranks, NO_NODE),
-        num_nodes=trees.num_nodes,
     )
 
 
