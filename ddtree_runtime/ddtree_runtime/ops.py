@@ -12,7 +12,8 @@ The compiled extension (``ddtree_runtime._C``, built from ``csrc/`` when ``DDTRE
 4. ``greedy_accept``: the acceptance walk over the retrieve lists and the KV-compaction slot pairs.
 
 The operators return tuples of tensors; the wrappers below name them with the containers every path shares:
-:class:`ddtree_runtime.tree.DraftTreeBatch` for trees (the kernel's ``scores`` are its ``log_probs``).
+:class:`ddtree_runtime.tree.DraftTreeBatch` for trees (the kernel's ``scores`` are its ``log_probs``) and
+:class:`VerifyInputs` (the kernel's ``input_ids`` / ``flat_mask`` are its ``candidates`` / ``custom_mask``).
 
 All outputs have fixed shapes (``max_budget`` / ``max_depth`` padding with ``-1``, never a real token id), no
 operator reads a device value on the host, so a round can be captured in a CUDA graph. The wrappers below
@@ -66,16 +67,36 @@ class TopK(NamedTuple):
 
 
 class VerifyInputs(NamedTuple):
-    """``[B, N]`` verify tokens (``-1`` in padding), positions, ``[B, N, N]`` ancestor-or-self mask, SGLang's
-    flat mask (empty when not asked for) and retrieve index / next token / next sibling (``-1`` terminated)."""
+    """What one tree-verify forward reads for a padded tree batch, ``W = N`` slots per request (the root first):
+    the one container of the PyTorch reference and the kernels (:func:`tree_verify_inputs`) and of the SGLang
+    worker (:func:`ddtree_runtime.sglang.tree_inputs.sglang_verify_inputs`). The names are SGLang's EAGLE
+    tree-verify names, since the data is what SGLang reads:
 
-    input_ids: torch.Tensor
+    - ``candidates [B, W]`` int64: the verify tokens (flattened, SGLang's ``draft_token``);
+    - ``positions [B, W]`` int64: ``seq_len + depth`` (siblings share a position; SGLang reads them flattened);
+    - ``visibility [B, W, W]`` bool: ancestor-or-self, the tree part of the mask (padded slots see themselves);
+    - ``custom_mask``: SGLang's ``TreeMaskMode.FULL_MASK``, per request ``W x (seq_len + W)`` bools row-major,
+      requests concatenated (True = may attend); empty when not asked for;
+    - ``retrieve_index [B, W]``: slot i's row ``b * W + i`` in the flat batch; ``retrieve_next_token`` /
+      ``retrieve_next_sibling [B, W]``: first child / next sibling (left-child, right-sibling, ``-1`` terminated).
+
+    Padded slots are never linked. :func:`tree_verify_inputs` leaves ``-1`` in their ``candidates`` and
+    ``retrieve_index``; SGLang's padding (:func:`ddtree_runtime.sglang.tree_inputs.with_sglang_padding`) puts
+    the root token and the slot's own row there.
+    """
+
+    candidates: torch.Tensor
     positions: torch.Tensor
     visibility: torch.Tensor
-    flat_mask: torch.Tensor
+    custom_mask: torch.Tensor
     retrieve_index: torch.Tensor
     retrieve_next_token: torch.Tensor
     retrieve_next_sibling: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        """Verify slots per request, root included."""
+        return int(self.candidates.shape[1])
 
 
 class Acceptance(NamedTuple):
@@ -252,8 +273,8 @@ def tree_verify_inputs(
 ) -> VerifyInputs:
     """Verify-pass inputs for padded trees; ``seq_lens [B]`` are the committed lengths (root positions).
 
-    ``mask_numel`` is the flat mask's size ``sum_b N * (seq_len_b + N)`` (SGLang knows it on the host); 0
-    skips the flat mask, None computes it (a host read).
+    ``mask_numel`` is the size of the flat ``custom_mask``, ``sum_b N * (seq_len_b + N)`` (SGLang knows it on
+    the host); 0 skips the flat mask, None computes it (a host read).
     """
     width = tree.parents.shape[1]
     batch = tree.parents.shape[0]
@@ -262,8 +283,12 @@ def tree_verify_inputs(
     if mask_numel is None:
         mask_numel = int(((seq_lens.long() + width) * width).sum()) if batch else 0
     if _use_kernels(tree.parents):
-        return VerifyInputs(*torch.ops.ddtree_runtime.tree_verify_inputs(
-            tree.token_ids, tree.depths, tree.parents, tree.num_nodes, root_tokens, seq_lens, mask_numel))
+        input_ids, positions, visibility, flat_mask, retrieve_index, next_token, next_sibling = (
+            torch.ops.ddtree_runtime.tree_verify_inputs(
+                tree.token_ids, tree.depths, tree.parents, tree.num_nodes, root_tokens, seq_lens, mask_numel))
+        return VerifyInputs(candidates=input_ids, positions=positions, visibility=visibility, custom_mask=flat_mask,
+                            retrieve_index=retrieve_index, retrieve_next_token=next_token,
+                            retrieve_next_sibling=next_sibling)
     return _verify_reference(tree, root_tokens, seq_lens, mask_numel)
 
 
@@ -278,10 +303,10 @@ def _verify_reference(batch: DraftTreeBatch, root_tokens: torch.Tensor, seq_lens
     else:
         flat = torch.zeros(0, dtype=torch.bool, device=batch.parents.device)
     return VerifyInputs(
-        input_ids=batch.verify_input_ids(root_tokens.long()),
+        candidates=batch.verify_input_ids(root_tokens.long()),
         positions=batch.positions(lengths),
         visibility=batch.visibility,
-        flat_mask=flat,
+        custom_mask=flat,
         retrieve_index=lists.retrieve_index,
         retrieve_next_token=lists.retrieve_next_token,
         retrieve_next_sibling=lists.retrieve_next_sibling,
@@ -298,11 +323,11 @@ def greedy_accept(
     cache positions of the roots. ``max_depth`` is the drafter depth L."""
     if not 0 <= max_depth <= MAX_DEPTH:
         raise ValueError(f"max_depth must be in [0, {MAX_DEPTH}], got {max_depth}")
-    if target_predict.shape != verify.input_ids.shape:
+    if target_predict.shape != verify.candidates.shape:
         raise ValueError("target_predict must be [B, N] like the verify tokens")
-    if _use_kernels(verify.input_ids):
+    if _use_kernels(verify.candidates):
         return Acceptance(*torch.ops.ddtree_runtime.greedy_accept(
-            verify.input_ids, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict, starts,
+            verify.candidates, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict, starts,
             max_depth))
     return _accept_reference(verify, target_predict, starts, max_depth)
 
@@ -310,7 +335,7 @@ def greedy_accept(
 def _accept_reference(verify: VerifyInputs, target_predict: torch.Tensor, starts: torch.Tensor,
                       max_depth: int) -> Acceptance:
     accept_index, num_accepted, bonus = follow_greedy_batch(
-        verify.input_ids, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict.long(), max_depth)
+        verify.candidates, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict.long(), max_depth)
     column = torch.arange(max_depth + 1, device=accept_index.device)
     live = column[None, :] < num_accepted[:, None]
     base = starts.long().reshape(-1, 1)
@@ -366,7 +391,7 @@ def compare_with_reference(device: torch.device, seed: int = 0) -> list[str]:
     seq_lens = torch.tensor([5, 0, 17, 3], device=device)
     verify = tree_verify_inputs(tree, roots, seq_lens)
     problems += _differences("verify", verify._asdict(),
-                             _verify_reference(ref_tree, roots, seq_lens, verify.flat_mask.numel())._asdict())
+                             _verify_reference(ref_tree, roots, seq_lens, verify.custom_mask.numel())._asdict())
     predict = _first_child_tokens(verify, generator)
     ours = greedy_accept(verify, predict, seq_lens, 15)
     problems += _differences("accept", ours._asdict(), _accept_reference(verify, predict, seq_lens, 15)._asdict())
@@ -376,10 +401,10 @@ def compare_with_reference(device: torch.device, seed: int = 0) -> list[str]:
 def _first_child_tokens(verify: VerifyInputs, generator: torch.Generator) -> torch.Tensor:
     """Target tokens that follow each slot's first child (deep walks), random where a slot has none."""
     first = verify.retrieve_next_token.cpu()
-    tokens = verify.input_ids.cpu()
+    tokens = verify.candidates.cpu()
     random = torch.randint(0, 3000, tokens.shape, generator=generator)
     child_token = torch.gather(tokens, 1, first.clamp(min=0))
-    return torch.where(first >= 0, child_token, random).to(verify.input_ids.device)
+    return torch.where(first >= 0, child_token, random).to(verify.candidates.device)
 
 
 def _register_fakes() -> None:
