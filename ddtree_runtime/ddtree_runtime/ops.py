@@ -13,7 +13,8 @@ The compiled extension (``ddtree_runtime._C``, built from ``csrc/`` when ``DDTRE
 
 The operators return tuples of tensors; the wrappers below name them with the containers every path shares:
 :class:`ddtree_runtime.tree.DraftTreeBatch` for trees (the kernel's ``scores`` are its ``log_probs``) and
-:class:`VerifyInputs` (the kernel's ``input_ids`` / ``flat_mask`` are its ``candidates`` / ``custom_mask``).
+:class:`VerifyInputs` (the kernel's ``input_ids`` / ``flat_mask`` are its ``candidates`` / ``custom_mask``) and
+:class:`Acceptance` (the kernel's ``accept_index`` / ``num_accepted`` are its ``nodes`` / ``lengths``).
 
 All outputs have fixed shapes (``max_budget`` / ``max_depth`` padding with ``-1``, never a real token id), no
 operator reads a device value on the host, so a round can be captured in a CUDA graph. The wrappers below
@@ -100,12 +101,24 @@ class VerifyInputs(NamedTuple):
 
 
 class Acceptance(NamedTuple):
-    """``accept_index [B, D + 1]`` (``-1`` padded), ``num_accepted [B]`` (tau, root included), ``bonus [B]``,
-    and ``kv_src`` / ``kv_dst [B, D + 1]``: cache slot ``kv_dst`` receives ``kv_src`` for every accepted
-    node (``-1`` padded; pairs with ``src == dst`` are no-ops kept for fixed shapes)."""
+    """The greedy walk of :func:`greedy_accept` (kernel and PyTorch reference) and the slot copies that commit
+    it to a contiguous KV cache, all int64:
 
-    accept_index: torch.Tensor
-    num_accepted: torch.Tensor
+    - ``nodes [B, D + 1]``: node indices on the accepted path, the root (0) first, ``-1`` padded;
+    - ``lengths [B]``: tau, accepted drafts + 1 (the valid prefix of ``nodes``; SGLang's ``accept_lens``, its
+      ``accept_token_num + 1``);
+    - ``bonus [B]``: the target's token after the last accepted node;
+    - ``kv_src`` / ``kv_dst [B, D + 1]``: cache slot ``kv_dst`` receives ``kv_src`` for every accepted node
+      (``-1`` padded; pairs with ``src == dst`` are no-ops kept for fixed shapes).
+
+    ``nodes`` and ``lengths`` are :class:`ddtree_runtime.sglang.tree_inputs.AcceptedPaths`' first fields, same
+    names and types. The rest differ because the SGLang worker commits differently: SGLang's own walk gives the
+    bonus among its predicts, and the paged cache's slots are permuted, not copied, so the worker needs the
+    flat verify rows to gather from (``AcceptedPaths.rows``) instead of slot pairs.
+    """
+
+    nodes: torch.Tensor
+    lengths: torch.Tensor
     bonus: torch.Tensor
     kv_src: torch.Tensor
     kv_dst: torch.Tensor
@@ -326,25 +339,26 @@ def greedy_accept(
     if target_predict.shape != verify.candidates.shape:
         raise ValueError("target_predict must be [B, N] like the verify tokens")
     if _use_kernels(verify.candidates):
-        return Acceptance(*torch.ops.ddtree_runtime.greedy_accept(
+        accept_index, num_accepted, bonus, kv_src, kv_dst = torch.ops.ddtree_runtime.greedy_accept(
             verify.candidates, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict, starts,
-            max_depth))
+            max_depth)
+        return Acceptance(nodes=accept_index, lengths=num_accepted, bonus=bonus, kv_src=kv_src, kv_dst=kv_dst)
     return _accept_reference(verify, target_predict, starts, max_depth)
 
 
 def _accept_reference(verify: VerifyInputs, target_predict: torch.Tensor, starts: torch.Tensor,
                       max_depth: int) -> Acceptance:
-    accept_index, num_accepted, bonus = follow_greedy_batch(
+    nodes, lengths, bonus = follow_greedy_batch(
         verify.candidates, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict.long(), max_depth)
-    column = torch.arange(max_depth + 1, device=accept_index.device)
-    live = column[None, :] < num_accepted[:, None]
+    column = torch.arange(max_depth + 1, device=nodes.device)
+    live = column[None, :] < lengths[:, None]
     base = starts.long().reshape(-1, 1)
-    none = torch.full_like(accept_index, NO_NODE)
+    none = torch.full_like(nodes, NO_NODE)
     return Acceptance(
-        accept_index=accept_index,
-        num_accepted=num_accepted,
+        nodes=nodes,
+        lengths=lengths,
         bonus=bonus,
-        kv_src=torch.where(live, base + accept_index, none),
+        kv_src=torch.where(live, base + nodes, none),
         kv_dst=torch.where(live, base + column[None, :], none),
     )
 

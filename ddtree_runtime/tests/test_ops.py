@@ -140,16 +140,16 @@ def test_greedy_accept_fallback_matches_follow_greedy(cpu_fallback):
     for b in range(3):
         single = build_tree(logits[b], budgets[b])
         accepted, bonus = follow_greedy(single, predict[b, : single.num_nodes + 1])
-        assert result.accept_index[b, : len(accepted)].tolist() == accepted
-        assert (result.accept_index[b, len(accepted) :] == -1).all()
-        assert int(result.num_accepted[b]) == len(accepted) and int(result.bonus[b]) == bonus
+        assert result.nodes[b, : len(accepted)].tolist() == accepted
+        assert (result.nodes[b, len(accepted) :] == -1).all()
+        assert int(result.lengths[b]) == len(accepted) and int(result.bonus[b]) == bonus
         src, dst = kv_compaction_indices(int(starts[b]), accepted)
         live = result.kv_src[b] >= 0
         pairs = [(s, d) for s, d in zip(result.kv_src[b][live].tolist(), result.kv_dst[b][live].tolist(), strict=True)
                  if s != d]
         assert pairs == list(zip(src.tolist(), dst.tolist(), strict=True))
-    assert int(result.num_accepted[0]) > 2
-    expected = kv_compaction_indices_batch(starts, result.accept_index, result.num_accepted)
+    assert int(result.lengths[0]) > 2
+    expected = kv_compaction_indices_batch(starts, result.nodes, result.lengths)
     for ours, ref in zip(ops.moving_kv_pairs(result), expected, strict=True):
         assert torch.equal(ours, ref)
 

@@ -20,7 +20,7 @@ rows (``-1`` padded; column 0 is the root) and ``accept_token_num [B]`` = accept
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -86,11 +86,18 @@ def compiled_sglang_verify_inputs(
     return sglang_verify_inputs(trees, root_tokens, seq_lens, budget + 1, seq_lens_sum=seq_lens_sum)
 
 
-@dataclass(frozen=True)
-class AcceptedPaths:
-    """Per request: ``nodes [B, S]`` accepted node indices (root first, ``-1`` padded), ``lengths [B]`` = tau
-    (accepted drafts + 1, SGLang's commit length), ``rows [B, S]`` the flat verify rows to gather committed
-    hidden states / KV slots from (padded entries repeat the last accepted row)."""
+class AcceptedPaths(NamedTuple):
+    """SGLang's tree walk (``eagle_sample``) per request, in node terms, all int64:
+
+    - ``nodes [B, S]``: node indices on the accepted path, the root (0) first, ``-1`` padded;
+    - ``lengths [B]``: tau, accepted drafts + 1 (SGLang's ``accept_lens`` and commit length);
+    - ``rows [B, S]``: the flat verify rows (SGLang's ``accept_index``) to gather committed tokens, hidden states
+      and logprobs from; padded entries repeat the last accepted row.
+
+    ``nodes`` and ``lengths`` are :class:`ddtree_runtime.ops.Acceptance`'s first fields, same names and types;
+    ``rows`` is what a paged cache needs instead of that walk's bonus and slot copies (the worker permutes the
+    request's slots, :func:`accepted_first_order`, and reads the bonus from SGLang's predicts).
+    """
 
     nodes: torch.Tensor
     lengths: torch.Tensor
