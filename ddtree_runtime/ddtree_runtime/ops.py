@@ -12,7 +12,7 @@ The compiled extension (``ddtree_runtime._C``, built from ``csrc/`` when ``DDTRE
 4. ``greedy_accept``: the acceptance walk over the retrieve lists and the KV-compaction slot pairs.
 
 The operators return tuples of tensors; the wrappers below name them with the containers every path shares:
-:class:`ddtree_runtime.tree.DraftTreeBatch` for trees (the kernel's ``scores`` are its ``log_probs``) and
+:class:`ddtree_runtime.tree.DraftTreeBatch` for trees (the kernel's ``scores`` are its ``log_probs``),
 :class:`VerifyInputs` (the kernel's ``input_ids`` / ``flat_mask`` are its ``candidates`` / ``custom_mask``) and
 :class:`Acceptance` (the kernel's ``accept_index`` / ``num_accepted`` are its ``nodes`` / ``lengths``).
 
