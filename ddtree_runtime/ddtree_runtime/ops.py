@@ -11,6 +11,11 @@ The compiled extension (``ddtree_runtime._C``, built from ``csrc/`` when ``DDTRE
    EAGLE-style retrieve lists;
 4. ``greedy_accept``: the acceptance walk over the retrieve lists and the KV-compaction slot pairs.
 
+The operators return tuples of tensors; the wrappers below name them with the containers every path shares:
+:class:`ddtree_runtime.tree.DraftTreeBatch` for trees (the kernel's ``scores`` are its ``log_probs``),
+:class:`VerifyInputs` (the kernel's ``input_ids`` / ``flat_mask`` are its ``candidates`` / ``custom_mask``) and
+:class:`Acceptance` (the kernel's ``accept_index`` / ``num_accepted`` are its ``nodes`` / ``lengths``).
+
 All outputs have fixed shapes (``max_budget`` / ``max_depth`` padding with ``-1``, never a real token id), no
 operator reads a device value on the host, so a round can be captured in a CUDA graph. The wrappers below
 use the kernels for CUDA tensors when the extension is loaded and the PyTorch path otherwise (saying once
@@ -22,19 +27,14 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 
+from ddtree_runtime import tree as _tree  # the PyTorch path, by module: ops names only what reaches the kernels
 from ddtree_runtime.sglang.config import MAX_BUDGET  # the one limit: the plugin's settings refuse larger budgets
-from ddtree_runtime.tree import (
-    NO_NODE,
-    DraftTreeBatch,
-    build_tree_batch_from_topk,
-    depth_log_probs,
-    visibility_from_parents,
-)
+from ddtree_runtime.tree import NO_NODE, DraftTreeBatch, depth_log_probs
 from ddtree_runtime.verify import follow_greedy_batch
 
 __all__ = [
@@ -42,9 +42,7 @@ __all__ = [
     "MAX_DEPTH",
     "Acceptance",
     "TopK",
-    "TreeTensors",
     "VerifyInputs",
-    "as_draft_tree_batch",
     "build_tree",
     "build_tree_from_topk",
     "compare_with_reference",
@@ -69,38 +67,58 @@ class TopK(NamedTuple):
     invalid: torch.Tensor
 
 
-class TreeTensors(NamedTuple):
-    """Padded trees, ``Bmax = max_budget``: the fields of :class:`ddtree_runtime.tree.DraftTreeBatch` except
-    visibility (``scores`` are its ``log_probs``)."""
-
-    token_ids: torch.Tensor
-    depths: torch.Tensor
-    parents: torch.Tensor
-    scores: torch.Tensor
-    ranks: torch.Tensor
-    num_nodes: torch.Tensor
-
-
 class VerifyInputs(NamedTuple):
-    """``[B, N]`` verify tokens (``-1`` in padding), positions, ``[B, N, N]`` ancestor-or-self mask, SGLang's
-    flat mask (empty when not asked for) and retrieve index / next token / next sibling (``-1`` terminated)."""
+    """What one tree-verify forward reads for a padded tree batch, ``W = N`` slots per request (the root first):
+    the one container of the PyTorch reference and the kernels (:func:`tree_verify_inputs`) and of the SGLang
+    worker (:func:`ddtree_runtime.sglang.tree_inputs.sglang_verify_inputs`). The names are SGLang's EAGLE
+    tree-verify names, since the data is what SGLang reads:
 
-    input_ids: torch.Tensor
+    - ``candidates [B, W]`` int64: the verify tokens (flattened, SGLang's ``draft_token``);
+    - ``positions [B, W]`` int64: ``seq_len + depth`` (siblings share a position; SGLang reads them flattened);
+    - ``visibility [B, W, W]`` bool: ancestor-or-self, the tree part of the mask (padded slots see themselves);
+    - ``custom_mask``: SGLang's ``TreeMaskMode.FULL_MASK``, per request ``W x (seq_len + W)`` bools row-major,
+      requests concatenated (True = may attend); empty when not asked for;
+    - ``retrieve_index [B, W]``: slot i's row ``b * W + i`` in the flat batch; ``retrieve_next_token`` /
+      ``retrieve_next_sibling [B, W]``: first child / next sibling (left-child, right-sibling, ``-1`` terminated).
+
+    Padded slots are never linked. :func:`tree_verify_inputs` leaves ``-1`` in their ``candidates`` and
+    ``retrieve_index``; SGLang's padding (:func:`ddtree_runtime.sglang.tree_inputs.with_sglang_padding`) puts
+    the root token and the slot's own row there.
+    """
+
+    candidates: torch.Tensor
     positions: torch.Tensor
     visibility: torch.Tensor
-    flat_mask: torch.Tensor
+    custom_mask: torch.Tensor
     retrieve_index: torch.Tensor
     retrieve_next_token: torch.Tensor
     retrieve_next_sibling: torch.Tensor
 
+    @property
+    def width(self) -> int:
+        """Verify slots per request, root included."""
+        return int(self.candidates.shape[1])
+
 
 class Acceptance(NamedTuple):
-    """``accept_index [B, D + 1]`` (``-1`` padded), ``num_accepted [B]`` (tau, root included), ``bonus [B]``,
-    and ``kv_src`` / ``kv_dst [B, D + 1]``: cache slot ``kv_dst`` receives ``kv_src`` for every accepted
-    node (``-1`` padded; pairs with ``src == dst`` are no-ops kept for fixed shapes)."""
+    """The greedy walk of :func:`greedy_accept` (kernel and PyTorch reference) and the slot copies that commit
+    it to a contiguous KV cache, all int64:
 
-    accept_index: torch.Tensor
-    num_accepted: torch.Tensor
+    - ``nodes [B, D + 1]``: node indices on the accepted path, the root (0) first, ``-1`` padded;
+    - ``lengths [B]``: tau, accepted drafts + 1 (the valid prefix of ``nodes``; SGLang's ``accept_lens``, its
+      ``accept_token_num + 1``);
+    - ``bonus [B]``: the target's token after the last accepted node;
+    - ``kv_src`` / ``kv_dst [B, D + 1]``: cache slot ``kv_dst`` receives ``kv_src`` for every accepted node
+      (``-1`` padded; pairs with ``src == dst`` are no-ops kept for fixed shapes).
+
+    ``nodes`` and ``lengths`` are :class:`ddtree_runtime.sglang.tree_inputs.AcceptedPaths`' first fields, same
+    names and types. The rest differ because the SGLang worker commits differently: SGLang's own walk gives the
+    bonus among its predicts, and the paged cache's slots are permuted, not copied, so the worker needs the
+    flat verify rows to gather from (``AcceptedPaths.rows``) instead of slot pairs.
+    """
+
+    nodes: torch.Tensor
+    lengths: torch.Tensor
     bonus: torch.Tensor
     kv_src: torch.Tensor
     kv_dst: torch.Tensor
@@ -205,7 +223,7 @@ def build_tree_from_topk(
     ids: torch.Tensor,
     budgets: Sequence[int] | torch.Tensor,
     max_budget: int | None = None,
-) -> TreeTensors:
+) -> DraftTreeBatch:
     """Best-first trees from ``[B, L, K]`` arrays in rank order (``k_b = min(budget_b, K)``), padded to
     ``max_budget``. Tensor budgets outside ``[0, max_budget]`` are clamped (checking would read the device).
 
@@ -221,25 +239,16 @@ def build_tree_from_topk(
         raise ValueError(f"depth must be <= {MAX_DEPTH} and K <= {MAX_BUDGET}")
     budget_t, max_budget = _budget_tensor(budgets, log_probs.shape[0], max_budget, log_probs.device)
     if _use_kernels(log_probs):
-        return TreeTensors(*torch.ops.ddtree_runtime.build_tree(log_probs, ids.long(), budget_t, max_budget))
+        token_ids, depths, parents, scores, ranks, num_nodes = torch.ops.ddtree_runtime.build_tree(
+            log_probs, ids.long(), budget_t, max_budget)
+        return DraftTreeBatch(token_ids=token_ids, depths=depths, parents=parents, log_probs=scores, ranks=ranks,
+                              num_nodes=num_nodes)
     return _tree_reference(log_probs, ids, budget_t.clamp(0, max_budget), max_budget)
 
 
-def _tree_reference(log_probs: torch.Tensor, ids: torch.Tensor, budgets: torch.Tensor, max_budget: int) -> TreeTensors:
-    batch = build_tree_batch_from_topk(log_probs, ids.long(), budgets)
-    extra = max_budget - batch.token_ids.shape[1]
-
-    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, extra), value=value)
-
-    return TreeTensors(
-        token_ids=pad(batch.token_ids, NO_NODE),
-        depths=pad(batch.depths, 0),
-        parents=pad(batch.parents, NO_NODE),
-        scores=pad(batch.log_probs, float("-inf")),
-        ranks=pad(batch.ranks, NO_NODE),
-        num_nodes=batch.num_nodes,
-    )
+def _tree_reference(log_probs: torch.Tensor, ids: torch.Tensor, budgets: torch.Tensor,
+                    max_budget: int) -> DraftTreeBatch:
+    return _tree.build_tree_batch_from_topk(log_probs, ids.long(), budgets).padded(max_budget + 1)
 
 
 def build_tree(
@@ -247,7 +256,7 @@ def build_tree(
     budgets: Sequence[int] | torch.Tensor,
     max_budget: int | None = None,
     max_topk: int | None = None,
-) -> tuple[TopK, TreeTensors]:
+) -> tuple[TopK, DraftTreeBatch]:
     """Top-K (``K = min(max_budget, V, max_topk)``) then best-first trees from drafter ``logits [B, L, V]``."""
     if logits.dim() != 3:
         raise ValueError(f"logits must be [B, L, V], got shape {tuple(logits.shape)}")
@@ -270,15 +279,15 @@ def build_tree(
 
 
 def tree_verify_inputs(
-    tree: TreeTensors,
+    tree: DraftTreeBatch,
     root_tokens: torch.Tensor,
     seq_lens: torch.Tensor,
     mask_numel: int | None = None,
 ) -> VerifyInputs:
     """Verify-pass inputs for padded trees; ``seq_lens [B]`` are the committed lengths (root positions).
 
-    ``mask_numel`` is the flat mask's size ``sum_b N * (seq_len_b + N)`` (SGLang knows it on the host); 0
-    skips the flat mask, None computes it (a host read).
+    ``mask_numel`` is the size of the flat ``custom_mask``, ``sum_b N * (seq_len_b + N)`` (SGLang knows it on
+    the host); 0 skips the flat mask, None computes it (a host read).
     """
     width = tree.parents.shape[1]
     batch = tree.parents.shape[0]
@@ -287,27 +296,17 @@ def tree_verify_inputs(
     if mask_numel is None:
         mask_numel = int(((seq_lens.long() + width) * width).sum()) if batch else 0
     if _use_kernels(tree.parents):
-        return VerifyInputs(*torch.ops.ddtree_runtime.tree_verify_inputs(
-            tree.token_ids, tree.depths, tree.parents, tree.num_nodes, root_tokens, seq_lens, mask_numel))
+        input_ids, positions, visibility, flat_mask, retrieve_index, next_token, next_sibling = (
+            torch.ops.ddtree_runtime.tree_verify_inputs(
+                tree.token_ids, tree.depths, tree.parents, tree.num_nodes, root_tokens, seq_lens, mask_numel))
+        return VerifyInputs(candidates=input_ids, positions=positions, visibility=visibility, custom_mask=flat_mask,
+                            retrieve_index=retrieve_index, retrieve_next_token=next_token,
+                            retrieve_next_sibling=next_sibling)
     return _verify_reference(tree, root_tokens, seq_lens, mask_numel)
 
 
-def as_draft_tree_batch(tree: TreeTensors, visibility: torch.Tensor | None = None) -> DraftTreeBatch:
-    """The reference container for ``tree`` (visibility recomputed when not given)."""
-    return DraftTreeBatch(
-        token_ids=tree.token_ids,
-        depths=tree.depths,
-        parents=tree.parents,
-        visibility=visibility_from_parents(tree.parents) if visibility is None else visibility,
-        log_probs=tree.scores,
-        ranks=tree.ranks,
-        num_nodes=tree.num_nodes,
-    )
-
-
-def _verify_reference(tree: TreeTensors, root_tokens: torch.Tensor, seq_lens: torch.Tensor,
+def _verify_reference(batch: DraftTreeBatch, root_tokens: torch.Tensor, seq_lens: torch.Tensor,
                       mask_numel: int) -> VerifyInputs:
-    batch = as_draft_tree_batch(tree)
     lists = batch.retrieve_lists()
     lengths = seq_lens.long().reshape(-1)
     if mask_numel > 0:
@@ -315,12 +314,12 @@ def _verify_reference(tree: TreeTensors, root_tokens: torch.Tensor, seq_lens: to
         if flat.numel() != mask_numel:
             raise ValueError(f"mask_numel is {mask_numel} but the flat mask has {flat.numel()} elements")
     else:
-        flat = torch.zeros(0, dtype=torch.bool, device=tree.parents.device)
+        flat = torch.zeros(0, dtype=torch.bool, device=batch.parents.device)
     return VerifyInputs(
-        input_ids=batch.verify_input_ids(root_tokens.long()),
+        candidates=batch.verify_input_ids(root_tokens.long()),
         positions=batch.positions(lengths),
         visibility=batch.visibility,
-        flat_mask=flat,
+        custom_mask=flat,
         retrieve_index=lists.retrieve_index,
         retrieve_next_token=lists.retrieve_next_token,
         retrieve_next_sibling=lists.retrieve_next_sibling,
@@ -337,28 +336,29 @@ def greedy_accept(
     cache positions of the roots. ``max_depth`` is the drafter depth L."""
     if not 0 <= max_depth <= MAX_DEPTH:
         raise ValueError(f"max_depth must be in [0, {MAX_DEPTH}], got {max_depth}")
-    if target_predict.shape != verify.input_ids.shape:
+    if target_predict.shape != verify.candidates.shape:
         raise ValueError("target_predict must be [B, N] like the verify tokens")
-    if _use_kernels(verify.input_ids):
-        return Acceptance(*torch.ops.ddtree_runtime.greedy_accept(
-            verify.input_ids, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict, starts,
-            max_depth))
+    if _use_kernels(verify.candidates):
+        accept_index, num_accepted, bonus, kv_src, kv_dst = torch.ops.ddtree_runtime.greedy_accept(
+            verify.candidates, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict, starts,
+            max_depth)
+        return Acceptance(nodes=accept_index, lengths=num_accepted, bonus=bonus, kv_src=kv_src, kv_dst=kv_dst)
     return _accept_reference(verify, target_predict, starts, max_depth)
 
 
 def _accept_reference(verify: VerifyInputs, target_predict: torch.Tensor, starts: torch.Tensor,
                       max_depth: int) -> Acceptance:
-    accept_index, num_accepted, bonus = follow_greedy_batch(
-        verify.input_ids, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict.long(), max_depth)
-    column = torch.arange(max_depth + 1, device=accept_index.device)
-    live = column[None, :] < num_accepted[:, None]
+    nodes, lengths, bonus = follow_greedy_batch(
+        verify.candidates, verify.retrieve_next_token, verify.retrieve_next_sibling, target_predict.long(), max_depth)
+    column = torch.arange(max_depth + 1, device=nodes.device)
+    live = column[None, :] < lengths[:, None]
     base = starts.long().reshape(-1, 1)
-    none = torch.full_like(accept_index, NO_NODE)
+    none = torch.full_like(nodes, NO_NODE)
     return Acceptance(
-        accept_index=accept_index,
-        num_accepted=num_accepted,
+        nodes=nodes,
+        lengths=lengths,
         bonus=bonus,
-        kv_src=torch.where(live, base + accept_index, none),
+        kv_src=torch.where(live, base + nodes, none),
         kv_dst=torch.where(live, base + column[None, :], none),
     )
 
@@ -374,10 +374,10 @@ def moving_kv_pairs(acceptance: Acceptance) -> tuple[torch.Tensor, torch.Tensor,
 # --- self-comparison ---------------------------------------------------------------------------------------
 
 
-def _differences(name: str, ours: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
-                 fields: Sequence[str]) -> list[str]:
+def _differences(name: str, ours: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> list[str]:
     problems = []
-    for field, a, b in zip(fields, ours, reference, strict=True):
+    for field, a in ours.items():
+        b = reference[field]
         if a.shape != b.shape or not torch.equal(a.cpu(), b.cpu()):
             problems.append(f"{name}.{field} differs from the reference")
     return problems
@@ -394,30 +394,31 @@ def compare_with_reference(device: torch.device, seed: int = 0) -> list[str]:
     budgets = [64, 0, 200, 17]
     top, tree = build_tree(logits, budgets, max_budget=200)
     ref_top = _topk_reference(logits, 200)
-    problems = _differences("topk", top[1:], ref_top[1:], ("ids", "invalid"))
+    problems = _differences("topk", {"ids": top.ids, "invalid": top.invalid},
+                            {"ids": ref_top.ids, "invalid": ref_top.invalid})
     if not torch.allclose(top.log_probs.cpu(), ref_top.log_probs.cpu(), rtol=0, atol=1e-5):
         problems.append("topk.log_probs differ from the reference by more than 1e-5")
     # Scores must be bit-identical from identical top-K arrays (logsumexp may differ by an ulp).
     ref_tree = _tree_reference(top.log_probs, top.ids, torch.tensor(budgets, device=device), 200)
-    problems += _differences("tree", tree, ref_tree, TreeTensors._fields)
+    problems += _differences("tree", tree.tensors(), ref_tree.tensors())
     roots = torch.randint(0, 3000, (4,), generator=generator).to(device)
     seq_lens = torch.tensor([5, 0, 17, 3], device=device)
     verify = tree_verify_inputs(tree, roots, seq_lens)
-    problems += _differences("verify", verify, _verify_reference(ref_tree, roots, seq_lens, verify.flat_mask.numel()),
-                             VerifyInputs._fields)
+    problems += _differences("verify", verify._asdict(),
+                             _verify_reference(ref_tree, roots, seq_lens, verify.custom_mask.numel())._asdict())
     predict = _first_child_tokens(verify, generator)
     ours = greedy_accept(verify, predict, seq_lens, 15)
-    problems += _differences("accept", ours, _accept_reference(verify, predict, seq_lens, 15), Acceptance._fields)
+    problems += _differences("accept", ours._asdict(), _accept_reference(verify, predict, seq_lens, 15)._asdict())
     return problems
 
 
 def _first_child_tokens(verify: VerifyInputs, generator: torch.Generator) -> torch.Tensor:
     """Target tokens that follow each slot's first child (deep walks), random where a slot has none."""
     first = verify.retrieve_next_token.cpu()
-    tokens = verify.input_ids.cpu()
+    tokens = verify.candidates.cpu()
     random = torch.randint(0, 3000, tokens.shape, generator=generator)
     child_token = torch.gather(tokens, 1, first.clamp(min=0))
-    return torch.where(first >= 0, child_token, random).to(verify.input_ids.device)
+    return torch.where(first >= 0, child_token, random).to(verify.candidates.device)
 
 
 def _register_fakes() -> None:

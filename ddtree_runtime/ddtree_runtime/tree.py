@@ -34,6 +34,7 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from functools import cached_property
 
 import numpy as np
@@ -411,22 +412,40 @@ def build_chain_tree(draft_tokens: Sequence[int] | torch.Tensor) -> DraftTree:
 
 @dataclass(frozen=True)
 class DraftTreeBatch:
-    """Fixed-shape batch of trees, padded to the largest budget ``Bmax`` (``N = Bmax + 1`` slots).
+    """Fixed-shape batch of trees, padded to ``Bmax`` nodes (``N = Bmax + 1`` slots): the one tree container of
+    the PyTorch path (:func:`build_tree_batch`, :func:`build_tree_batch_from_topk`), the CUDA kernels
+    (:func:`ddtree_runtime.ops.build_tree_from_topk` returns it) and the SGLang worker. Field names are those
+    of :class:`DraftTree`, the single unpadded tree.
 
-    ``token_ids [B, Bmax]`` and ``ranks`` are ``-1`` in padding; ``depths [B, Bmax]`` are 0 in padding;
-    ``parents [B, N]`` are ``-1`` at the root and in padding; ``visibility [B, N, N]`` rows of padded slots
-    see only themselves (so a fixed-shape verify never attends to an empty row); ``log_probs [B, Bmax]`` are
-    ``-inf`` in padding (use ``num_nodes`` to tell padding from a real zero-probability node).
-    Padded slots are never linked from any node, so a walk can never reach them.
+    ``token_ids [B, Bmax]`` int64 and ``ranks`` are ``-1`` in padding; ``depths [B, Bmax]`` int64 are 0 in
+    padding; ``parents [B, N]`` int64 are ``-1`` at the root and in padding; ``log_probs [B, Bmax]`` float64
+    (the heap scores) are ``-inf`` in padding (use ``num_nodes [B]`` int64 to tell padding from a real
+    zero-probability node). Padded slots are never linked from any node, so a walk can never reach them.
+
+    ``visibility [B, N, N]`` (ancestor-or-self; rows of padded slots see only themselves, so a fixed-shape
+    verify never attends to an empty row) is derived from ``parents`` on first use and kept: the kernels
+    do not build it with the tree, and deriving it reads the device (the verify inputs carry their own).
     """
 
     token_ids: torch.Tensor
     depths: torch.Tensor
     parents: torch.Tensor
-    visibility: torch.Tensor
     log_probs: torch.Tensor
     ranks: torch.Tensor
     num_nodes: torch.Tensor
+
+    @cached_property
+    def visibility(self) -> torch.Tensor:
+        """``[B, N, N]`` bool, :func:`visibility_from_parents` of ``parents`` (computed once, a host read)."""
+        return visibility_from_parents(self.parents)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The stored fields by name, in declaration order (``visibility`` is derived, not stored)."""
+        return {field.name: getattr(self, field.name) for field in dataclass_fields(self)}
+
+    def to(self, device: torch.device | str) -> DraftTreeBatch:
+        """The same trees with every stored tensor on ``device``."""
+        return DraftTreeBatch(**{name: tensor.to(device) for name, tensor in self.tensors().items()})
 
     @property
     def batch_size(self) -> int:
@@ -436,6 +455,27 @@ class DraftTreeBatch:
     def width(self) -> int:
         """Verify slots per request, root included (``Bmax + 1``)."""
         return int(self.parents.shape[1])
+
+    def padded(self, width: int) -> DraftTreeBatch:
+        """The same trees with ``width`` slots per request (root included), padded as above."""
+        current = self.width
+        if width < current:
+            raise ValueError(f"cannot pad trees of width {current} down to {width}")
+        if width == current:
+            return self
+        extra = width - current
+
+        def pad(tensor: torch.Tensor, value: float) -> torch.Tensor:
+            return torch.nn.functional.pad(tensor, (0, extra), value=value)
+
+        return DraftTreeBatch(
+            token_ids=pad(self.token_ids, NO_NODE),
+            depths=pad(self.depths, 0),
+            parents=pad(self.parents, NO_NODE),
+            log_probs=pad(self.log_probs, float("-inf")),
+            ranks=pad(self.ranks, NO_NODE),
+            num_nodes=self.num_nodes,
+        )
 
     def tree(self, index: int) -> DraftTree:
         """The unpadded tree of request ``index``."""
@@ -559,7 +599,6 @@ class _BatchNodes:
             token_ids=self.token_ids,
             depths=self.depths,
             parents=self.parents,
-            visibility=visibility_from_parents(self.parents),
             log_probs=self.logw[:, 1:],
             ranks=self.ranks,
             num_nodes=self.num_nodes,

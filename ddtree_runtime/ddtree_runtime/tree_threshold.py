@@ -68,12 +68,13 @@ _PATH_WORDS = 3
 
 @dataclass(frozen=True)
 class ThresholdTree:
-    """One tree: node ``i + 1``'s fields at index i (``parents`` includes the root at 0)."""
+    """One tree: node ``i + 1``'s fields at index i (``parents`` includes the root at 0), named as
+    :class:`~ddtree_runtime.tree.DraftTree`'s (``log_probs`` are the float64 prefix scores)."""
 
     token_ids: np.ndarray
     depths: np.ndarray
     parents: np.ndarray
-    scores: np.ndarray
+    log_probs: np.ndarray
     ranks: np.ndarray
     method: str
     """``"threshold"``, ``"sequential"`` (the pop loop) or ``"empty"`` (budget or depth 0)."""
@@ -288,7 +289,7 @@ def _read_off(kept: _KeptSet, growth: _Growth, ids: np.ndarray, budget: int) -> 
         token_ids=ids[depths - 1, ranks].astype(np.int64),
         depths=depths,
         parents=np.concatenate([[NO_NODE], parents]).astype(np.int64),
-        scores=key_scores(kept.keys[chosen]),
+        log_probs=key_scores(kept.keys[chosen]),
         ranks=ranks,
         method="threshold",
         selections=growth.selections,

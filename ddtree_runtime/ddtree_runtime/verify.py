@@ -87,14 +87,15 @@ def follow_greedy_batch(
         target_predict: ``[B, N]`` target token at each slot.
         max_depth: deepest level to walk (L).
     Returns:
-        ``accept_index [B, max_depth + 1]`` node indices (``-1`` padded), ``num_accepted [B]`` (tau, root
-        included; SGLang's ``accept_token_num`` is ``num_accepted - 1``) and ``bonus [B]``.
+        ``(nodes, lengths, bonus)``, the first fields of :class:`ddtree_runtime.ops.Acceptance`: ``nodes
+        [B, max_depth + 1]`` node indices on the accepted path (root first, ``-1`` padded), ``lengths [B]``
+        (tau, root included; SGLang's ``accept_token_num`` is ``lengths - 1``) and ``bonus [B]``.
     """
     batch = candidates.shape[0]
     rows = torch.arange(batch, device=candidates.device)
-    accept_index = torch.full((batch, max_depth + 1), NO_NODE, dtype=torch.long, device=candidates.device)
-    accept_index[:, 0] = 0
-    num_accepted = torch.ones(batch, dtype=torch.long, device=candidates.device)
+    nodes = torch.full((batch, max_depth + 1), NO_NODE, dtype=torch.long, device=candidates.device)
+    nodes[:, 0] = 0
+    lengths = torch.ones(batch, dtype=torch.long, device=candidates.device)
     current = torch.zeros(batch, dtype=torch.long, device=candidates.device)
     walking = torch.ones(batch, dtype=torch.bool, device=candidates.device)
     for level in range(1, max_depth + 1):
@@ -110,12 +111,12 @@ def follow_greedy_batch(
             probe = torch.where(probe >= 0, retrieve_next_sibling[rows, safe], probe)
         walking = walking & (found >= 0)
         current = torch.where(walking, found, current)
-        accept_index[:, level] = torch.where(walking, found, accept_index[:, level])
-        num_accepted += walking.to(torch.long)
+        nodes[:, level] = torch.where(walking, found, nodes[:, level])
+        lengths += walking.to(torch.long)
         if not bool(walking.any()):
             break
     bonus = target_predict[rows, current]
-    return accept_index, num_accepted, bonus
+    return nodes, lengths, bonus
 
 
 def kv_compaction_indices(start: int, accepted: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,17 +133,17 @@ def kv_compaction_indices(start: int, accepted: list[int]) -> tuple[torch.Tensor
 
 
 def kv_compaction_indices_batch(
-    starts: torch.Tensor, accept_index: torch.Tensor, num_accepted: torch.Tensor
+    starts: torch.Tensor, nodes: torch.Tensor, lengths: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Batched :func:`kv_compaction_indices` over :func:`follow_greedy_batch`'s output.
+    """Batched :func:`kv_compaction_indices` over :func:`follow_greedy_batch`'s ``nodes`` and ``lengths``.
 
     ``starts [B]`` are the per-request positions of the root (their committed lengths); returns
     ``(request, src, dst)`` flat int64 tensors listing only moving slots, ordered by request then ``dst``.
     """
-    depth = torch.arange(accept_index.shape[1], device=accept_index.device)
-    moving = (depth[None, :] < num_accepted[:, None]) & (accept_index != depth[None, :])
+    depth = torch.arange(nodes.shape[1], device=nodes.device)
+    moving = (depth[None, :] < lengths[:, None]) & (nodes != depth[None, :])
     request, column = torch.nonzero(moving, as_tuple=True)
-    src = starts[request] + accept_index[request, column]
+    src = starts[request] + nodes[request, column]
     dst = starts[request] + column
     return request, src, dst
 

@@ -75,10 +75,10 @@ def test_build_tree_fallback_pads_to_max_budget(cpu_fallback):
     assert torch.equal(tree.num_nodes, reference.num_nodes)
     assert torch.equal(tree.token_ids[:, :20], reference.token_ids)
     assert torch.equal(tree.parents[:, :21], reference.parents)
-    assert torch.equal(tree.scores[:, :20], reference.log_probs)
+    assert torch.equal(tree.log_probs[:, :20], reference.log_probs)
     assert torch.equal(tree.depths[:, :20], reference.depths) and torch.equal(tree.ranks[:, :20], reference.ranks)
     assert (tree.token_ids[:, 20:] == -1).all() and (tree.parents[:, 21:] == -1).all()
-    assert (tree.depths[:, 20:] == 0).all() and torch.isneginf(tree.scores[:, 20:]).all()
+    assert (tree.depths[:, 20:] == 0).all() and torch.isneginf(tree.log_probs[:, 20:]).all()
     assert top.log_probs.shape == (3, 5, 32)
 
 
@@ -106,20 +106,20 @@ def test_verify_inputs_fallback_matches_per_tree_layout(cpu_fallback):
     for b in range(3):
         single = build_tree(logits[b], budgets[b])
         n = single.num_nodes
-        assert verify.input_ids[b, : n + 1].tolist() == single.verify_input_ids(int(roots[b])).tolist()
-        assert (verify.input_ids[b, n + 1 :] == -1).all()
+        assert verify.candidates[b, : n + 1].tolist() == single.verify_input_ids(int(roots[b])).tolist()
+        assert (verify.candidates[b, n + 1 :] == -1).all()
         assert verify.positions[b, : n + 1].tolist() == single.positions(int(seq_lens[b])).tolist()
         assert torch.equal(verify.visibility[b, : n + 1, : n + 1], single.visibility)
-        block = verify.flat_mask[offset : offset + width * (int(seq_lens[b]) + width)]
+        block = verify.custom_mask[offset : offset + width * (int(seq_lens[b]) + width)]
         block = block.reshape(width, int(seq_lens[b]) + width)
         assert torch.equal(block[: n + 1, : int(seq_lens[b]) + n + 1], single.attention_mask(int(seq_lens[b])))
         offset += block.numel()
         lists = single.retrieve_lists()
         assert verify.retrieve_next_token[b, : n + 1].tolist() == lists.retrieve_next_token.tolist()
         assert verify.retrieve_next_sibling[b, : n + 1].tolist() == lists.retrieve_next_sibling.tolist()
-    assert offset == verify.flat_mask.numel()
+    assert offset == verify.custom_mask.numel()
     no_flat = ops.tree_verify_inputs(tree, roots, seq_lens, mask_numel=0)
-    assert no_flat.flat_mask.numel() == 0 and torch.equal(no_flat.visibility, verify.visibility)
+    assert no_flat.custom_mask.numel() == 0 and torch.equal(no_flat.visibility, verify.visibility)
 
 
 def test_verify_inputs_fallback_rejects_a_wrong_mask_size(cpu_fallback):
@@ -135,21 +135,21 @@ def test_greedy_accept_fallback_matches_follow_greedy(cpu_fallback):
     _unused, tree = ops.build_tree(logits, budgets)
     starts = torch.tensor([10, 0, 4])
     verify = ops.tree_verify_inputs(tree, torch.tensor([1, 2, 3]), starts, mask_numel=0)
-    predict = torch.full_like(verify.input_ids, 3)
+    predict = torch.full_like(verify.candidates, 3)
     result = ops.greedy_accept(verify, predict, starts, max_depth=6)
     for b in range(3):
         single = build_tree(logits[b], budgets[b])
         accepted, bonus = follow_greedy(single, predict[b, : single.num_nodes + 1])
-        assert result.accept_index[b, : len(accepted)].tolist() == accepted
-        assert (result.accept_index[b, len(accepted) :] == -1).all()
-        assert int(result.num_accepted[b]) == len(accepted) and int(result.bonus[b]) == bonus
+        assert result.nodes[b, : len(accepted)].tolist() == accepted
+        assert (result.nodes[b, len(accepted) :] == -1).all()
+        assert int(result.lengths[b]) == len(accepted) and int(result.bonus[b]) == bonus
         src, dst = kv_compaction_indices(int(starts[b]), accepted)
         live = result.kv_src[b] >= 0
         pairs = [(s, d) for s, d in zip(result.kv_src[b][live].tolist(), result.kv_dst[b][live].tolist(), strict=True)
                  if s != d]
         assert pairs == list(zip(src.tolist(), dst.tolist(), strict=True))
-    assert int(result.num_accepted[0]) > 2
-    expected = kv_compaction_indices_batch(starts, result.accept_index, result.num_accepted)
+    assert int(result.lengths[0]) > 2
+    expected = kv_compaction_indices_batch(starts, result.nodes, result.lengths)
     for ours, ref in zip(ops.moving_kv_pairs(result), expected, strict=True):
         assert torch.equal(ours, ref)
 
@@ -181,7 +181,7 @@ def test_greedy_accept_rejects_bad_depth_and_shapes(cpu_fallback):
     _unused, tree = ops.build_tree(random_logits(1, 3, 20, seed=7), [4])
     verify = ops.tree_verify_inputs(tree, torch.tensor([1]), torch.tensor([0]), mask_numel=0)
     with pytest.raises(ValueError, match="max_depth"):
-        ops.greedy_accept(verify, torch.zeros_like(verify.input_ids), torch.tensor([0]), max_depth=17)
+        ops.greedy_accept(verify, torch.zeros_like(verify.candidates), torch.tensor([0]), max_depth=17)
     with pytest.raises(ValueError, match="target_predict"):
         ops.greedy_accept(verify, torch.zeros(1, 2, dtype=torch.long), torch.tensor([0]), max_depth=3)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddtree_runtime.tree import build_tree_from_topk, depth_log_probs, ranked_topk
+from ddtree_runtime.tree import DraftTreeBatch, build_tree_from_topk, depth_log_probs, ranked_topk
 
 from ddtree_runtime import ops
 
@@ -114,14 +114,14 @@ def reference_tree_fields(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> d
         "token_ids": tree.token_ids,
         "depths": tree.depths,
         "parents": tree.parents,
-        "scores": tree.log_probs,
+        "log_probs": tree.log_probs,
         "ranks": tree.ranks,
     }
 
 
-def assert_tree_equal(lp: torch.Tensor, ids: torch.Tensor, budgets: list[int], max_budget: int) -> ops.TreeTensors:
+def assert_tree_equal(lp: torch.Tensor, ids: torch.Tensor, budgets: list[int], max_budget: int) -> DraftTreeBatch:
     tree = ops.build_tree_from_topk(lp.to(CUDA), ids.to(CUDA), budgets, max_budget)
-    cpu = ops.TreeTensors(*(t.cpu() for t in tree))
+    cpu = tree.to("cpu")
     for b, budget in enumerate(budgets):
         expected = reference_tree_fields(lp[b], ids[b], budget)
         n = int(cpu.num_nodes[b])
@@ -130,7 +130,7 @@ def assert_tree_equal(lp: torch.Tensor, ids: torch.Tensor, budgets: list[int], m
             got = getattr(cpu, name)[b, : n + 1 if name == "parents" else n]
             assert torch.equal(got, value), (b, budget, name)
         assert (cpu.token_ids[b, n:] == -1).all() and (cpu.parents[b, n + 1 :] == -1).all()
-        assert torch.isneginf(cpu.scores[b, n:]).all() and (cpu.depths[b, n:] == 0).all()
+        assert torch.isneginf(cpu.log_probs[b, n:]).all() and (cpu.depths[b, n:] == 0).all()
     return tree
 
 
@@ -180,8 +180,8 @@ def test_verify_inputs_and_walks_equal_the_reference():
     roots = torch.tensor([1, 2, 3, 4, 5], device=CUDA)
     seq_lens = torch.tensor([0, 7, 100, 3, 1], device=CUDA)
     verify = ops.tree_verify_inputs(tree, roots, seq_lens)
-    cpu_tree = ops.TreeTensors(*(t.cpu() for t in tree))
-    reference = ops._verify_reference(cpu_tree, roots.cpu(), seq_lens.cpu(), verify.flat_mask.numel())
+    cpu_tree = tree.to("cpu")
+    reference = ops._verify_reference(cpu_tree, roots.cpu(), seq_lens.cpu(), verify.custom_mask.numel())
     for name, ours, ref in zip(ops.VerifyInputs._fields, verify, reference, strict=True):
         assert torch.equal(ours.cpu(), ref), name
     generator = torch.Generator().manual_seed(6)
@@ -211,7 +211,7 @@ def test_a_round_is_capturable_in_a_cuda_graph():
         _unused, tree = ops.build_tree(logits, budgets, max_budget=256)
         verify = ops.tree_verify_inputs(tree, roots, seq_lens, mask_numel)
         accepted = ops.greedy_accept(verify, predict, seq_lens, 15)
-        return (*tree, *verify, *accepted)
+        return (*tree.tensors().values(), *verify, *accepted)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -278,7 +278,10 @@ def test_rows_the_threshold_path_cannot_order_take_the_pop_loop_per_request():
 def test_worker_round_on_the_kernels_equals_its_pytorch_path_without_a_host_sync(seed, budget):
     """What DDTreeWorker hands SGLang each round, built by the kernels from the drafter logits, equals its
     PyTorch path element for element, and the build reads nothing on the host (CUDA sync debug mode errors)."""
-    from ddtree_runtime.sglang.tree_inputs import compiled_verify_tensors, tree_verify_tensors  # noqa: PLC0415
+    from ddtree_runtime.sglang.tree_inputs import (  # noqa: PLC0415
+        compiled_sglang_verify_inputs,
+        sglang_verify_inputs,
+    )
     from ddtree_runtime.tree import build_tree_batch_from_topk  # noqa: PLC0415
 
     generator = torch.Generator().manual_seed(seed)
@@ -288,16 +291,16 @@ def test_worker_round_on_the_kernels_equals_its_pytorch_path_without_a_host_sync
     seq_lens = torch.randint(1, 300, (batch,), generator=generator)
     k = min(budget, vocab)
     ref_lp, ref_ids = depth_log_probs(logits.float(), k)
-    expected = tree_verify_tensors(build_tree_batch_from_topk(ref_lp, ref_ids, torch.full((batch,), budget)),
-                                   roots, seq_lens, width=budget + 1)
+    expected = sglang_verify_inputs(build_tree_batch_from_topk(ref_lp, ref_ids, torch.full((batch,), budget)),
+                                    roots, seq_lens, width=budget + 1)
     gpu_logits, gpu_roots, gpu_lens = logits.to(CUDA), roots.to(CUDA), seq_lens.to(CUDA)
     seq_lens_sum = int(seq_lens.sum())
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         top = ops.topk_log_probs(gpu_logits, k)
-        got = compiled_verify_tensors(top.log_probs, top.ids, gpu_roots, gpu_lens, seq_lens_sum=seq_lens_sum,
-                                      budget=budget)
+        got = compiled_sglang_verify_inputs(top.log_probs, top.ids, gpu_roots, gpu_lens,
+                                            seq_lens_sum=seq_lens_sum, budget=budget)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(top.ids.cpu(), ref_ids)

@@ -13,10 +13,10 @@ from ddtree_runtime.sglang.tree_inputs import (
     accepted_first_order,
     accepted_paths,
     committed_tokens,
-    compiled_verify_tensors,
+    compiled_sglang_verify_inputs,
     local_topk,
     merge_sharded_topk,
-    tree_verify_tensors,
+    sglang_verify_inputs,
 )
 from ddtree_runtime.tree import (
     NO_NODE,
@@ -140,11 +140,11 @@ def test_verify_tensors_have_sglang_full_mask_layout() -> None:
     roots = torch.tensor([7, 8, 9])
     seq_lens = torch.tensor([5, 3, 11])
     width = 12
-    tensors = tree_verify_tensors(trees, roots, seq_lens, width=width)
+    tensors = sglang_verify_inputs(trees, roots, seq_lens, width=width)
     batch = 3
     # SGLang sizes FULL_MASK as sum(seq_lens) * W + W * W * B (eagle_utils / DFlashVerifyInput).
     assert tensors.custom_mask.numel() == int(seq_lens.sum()) * width + width * width * batch
-    assert tensors.candidates.shape == (batch, width) and tensors.positions.shape == (batch * width,)
+    assert tensors.candidates.shape == (batch, width) and tensors.positions.shape == (batch, width)
     assert bool((tensors.candidates >= 0).all()), "padding must index a real embedding row"
     assert tensors.retrieve_index.tolist() == [[b * width + i for i in range(width)] for b in range(batch)]
     offset = 0
@@ -177,9 +177,10 @@ def test_compiled_round_tensors_equal_the_pytorch_round(seed: int, budget: int) 
     """The worker's kernel path (here on CPU: ops' reference fallbacks) lays out exactly what its PyTorch path does."""
     log_probs, ids, roots, seq_lens = round_inputs(seed)
     budgets = torch.full((3,), budget, dtype=torch.long)
-    expected = tree_verify_tensors(build_tree_batch_from_topk(log_probs, ids, budgets), roots, seq_lens,
-                                   width=budget + 1)
-    got = compiled_verify_tensors(log_probs, ids, roots, seq_lens, seq_lens_sum=int(seq_lens.sum()), budget=budget)
+    expected = sglang_verify_inputs(build_tree_batch_from_topk(log_probs, ids, budgets), roots, seq_lens,
+                                    width=budget + 1)
+    got = compiled_sglang_verify_inputs(log_probs, ids, roots, seq_lens, seq_lens_sum=int(seq_lens.sum()),
+                                        budget=budget)
     for field in ("candidates", "positions", "custom_mask", "retrieve_index", "retrieve_next_token",
                   "retrieve_next_sibling"):
         assert torch.equal(getattr(got, field), getattr(expected, field)), field
@@ -188,7 +189,7 @@ def test_compiled_round_tensors_equal_the_pytorch_round(seed: int, budget: int) 
 def test_padding_to_a_narrower_width_is_refused() -> None:
     _unused, trees = _trees()
     with pytest.raises(ValueError, match="cannot pad"):
-        tree_verify_tensors(trees, torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1]), width=trees.width - 1)
+        sglang_verify_inputs(trees, torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1]), width=trees.width - 1)
 
 
 def _sglang_style_accept(
@@ -207,7 +208,7 @@ def _sglang_style_accept(
 def test_accepted_paths_commit_the_walk_in_order() -> None:
     _unused, trees = _trees(seed=3)
     roots = torch.tensor([4, 5, 6])
-    tensors = tree_verify_tensors(trees, roots, torch.tensor([2, 2, 2]), width=10)
+    tensors = sglang_verify_inputs(trees, roots, torch.tensor([2, 2, 2]), width=10)
     generator = torch.Generator().manual_seed(1)
     target = torch.randint(0, 12, (3, 10), generator=generator)
     # Plant the first tree's deepest path so something is accepted.

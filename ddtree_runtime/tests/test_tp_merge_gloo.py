@@ -18,7 +18,7 @@ from ddtree_runtime.sglang.tree_inputs import (
     gather_merged_topk,
     local_topk,
     round_digest,
-    tree_verify_tensors,
+    sglang_verify_inputs,
 )
 from ddtree_runtime.tree import build_tree_batch_from_topk, depth_log_probs
 
@@ -39,7 +39,7 @@ def round_from_topk(log_probs: torch.Tensor, ids: torch.Tensor, roots: torch.Ten
                     seq_lens: torch.Tensor) -> dict[str, list]:
     shaped = (log_probs.view(BATCH, DEPTH, K), ids.view(BATCH, DEPTH, K))
     trees = build_tree_batch_from_topk(*shaped, torch.full((BATCH,), BUDGET))
-    tensors = tree_verify_tensors(trees, roots, seq_lens, width=BUDGET + 1)
+    tensors = sglang_verify_inputs(trees, roots, seq_lens, width=BUDGET + 1)
     return {"ids": ids.tolist(), "log_probs": log_probs.tolist(), "candidates": tensors.candidates.tolist(),
             "next_token": tensors.retrieve_next_token.tolist(), "digest": round_digest(tensors).tolist()}
 

@@ -45,7 +45,7 @@ def assert_same_tree(ours: ThresholdTree, lp: torch.Tensor, ids: torch.Tensor, b
     assert np.array_equal(ours.parents, expected.parents.numpy()), ours.method
     assert np.array_equal(ours.ranks, expected.ranks.numpy()), ours.method
     # Scores bit for bit (-inf included): compare the order-preserving keys.
-    assert np.array_equal(score_keys(ours.scores), score_keys(expected.log_probs.numpy())), ours.method
+    assert np.array_equal(score_keys(ours.log_probs), score_keys(expected.log_probs.numpy())), ours.method
 
 
 def run_random_cases(count: int, seed: int, max_budget: int) -> collections.Counter[str]:

@@ -412,7 +412,7 @@ def cmd_smoke_request(_unused: list[str]) -> dict[str, Any]:
 
 def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
     import torch
-    from ddtree_runtime.sglang.tree_inputs import accepted_paths, tree_verify_tensors
+    from ddtree_runtime.sglang.tree_inputs import accepted_paths, sglang_verify_inputs
     from ddtree_runtime.tree import build_tree_batch
     from ddtree_runtime.verify import follow_greedy
     from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton
@@ -423,7 +423,7 @@ def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
     logits = torch.randn(batch, depth, vocab, generator=generator) * 2
     trees = build_tree_batch(logits, [11, 6, 3], max_topk=3)
     roots = torch.randint(0, vocab, (batch,), generator=generator)
-    tensors = tree_verify_tensors(trees, roots, torch.tensor([4, 7, 2]), width=width)
+    tensors = sglang_verify_inputs(trees, roots, torch.tensor([4, 7, 2]), width=width)
     target = torch.randint(0, vocab, (batch, width), generator=generator)
     for b in range(batch):  # plant each tree's deepest path so acceptance is exercised
         tree = trees.tree(b)

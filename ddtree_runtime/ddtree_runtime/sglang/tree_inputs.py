@@ -1,14 +1,17 @@
 """The tensors a DDTree round hands to SGLang's tree-verify path, and how its results map back.
 
-Pure PyTorch (no SGLang import). Layouts follow SGLang 0.5.23's EAGLE tree verify:
+Pure PyTorch (no SGLang import). The verify inputs are :class:`ddtree_runtime.ops.VerifyInputs`, the container the
+PyTorch reference and the kernels build, in SGLang 0.5.23's EAGLE tree-verify layout and names:
 
-- ``candidates [B, W]``: verify tokens per request, the root (bonus) first; padded slots repeat the root
-  token so every row indexes a real embedding (they are never linked, so never accepted).
-- ``positions [B * W]``: ``seq_len + depth`` (siblings share a position).
+- ``candidates [B, W]``: verify tokens per request, the root (bonus) first; here padded slots repeat the root
+  token so every row indexes a real embedding (they are never linked, so never accepted);
+- ``positions [B, W]``: ``seq_len + depth`` (siblings share a position); the worker hands SGLang
+  ``candidates`` and ``positions`` flattened (``draft_token``, ``positions [B * W]``);
 - ``custom_mask``: ``TreeMaskMode.FULL_MASK``, per request ``W x (seq_len + W)`` bools row-major, requests
-  concatenated (SGLang sizes it ``sum(seq_lens) * W + W * W * B``; True = may attend).
-- ``retrieve_index [B, W]``: flat row ``b * W + i`` of slot i; ``retrieve_next_token`` / ``retrieve_next_sibling``
-  the left-child / right-sibling links within the request (``-1`` terminated).
+  concatenated (SGLang sizes it ``sum(seq_lens) * W + W * W * B``; True = may attend);
+- ``retrieve_index [B, W]``: flat row ``b * W + i`` of slot i (padded slots too: SGLang's kernels index predicts by
+  it); ``retrieve_next_token`` / ``retrieve_next_sibling`` the left-child / right-sibling links within the request
+  (``-1`` terminated).
 
 ``verify_tree_greedy_func`` / ``tree_speculative_sampling_target_only`` return ``accept_index [B, S]`` holding flat
 rows (``-1`` padded; column 0 is the root) and ``accept_token_num [B]`` = accepted drafts (root excluded).
@@ -17,61 +20,52 @@ rows (``-1`` padded; column 0 is the root) and ``accept_token_num [B]`` = accept
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from ddtree_runtime import ops
+from ddtree_runtime.ops import VerifyInputs
 from ddtree_runtime.tree import NO_NODE, DraftTreeBatch, ranked_topk
 
 
-@dataclass(frozen=True)
-class TreeVerifyTensors:
-    candidates: torch.Tensor
-    positions: torch.Tensor
-    custom_mask: torch.Tensor
-    retrieve_index: torch.Tensor
-    retrieve_next_token: torch.Tensor
-    retrieve_next_sibling: torch.Tensor
-
-    @property
-    def width(self) -> int:
-        return int(self.candidates.shape[1])
-
-
-def tree_verify_tensors(
-    trees: DraftTreeBatch, root_tokens: torch.Tensor, seq_lens: torch.Tensor, width: int | None = None
-) -> TreeVerifyTensors:
-    """Lay a batch of trees out for SGLang's verify, padded to ``width`` slots per request (default: the batch's).
-
-    A fixed ``width`` (budget + 1) keeps CUDA-graph shapes constant whatever size the trees came out.
-    """
-    trees = pad_tree_batch(trees, trees.width if width is None else width)
-    batch, slots = trees.batch_size, trees.width
+def with_sglang_padding(verify: VerifyInputs, root_tokens: torch.Tensor) -> VerifyInputs:
+    """``verify`` with SGLang's padding: padded slots (``-1`` from :func:`ddtree_runtime.ops.tree_verify_inputs`)
+    get the root token in ``candidates`` and their own flat row in ``retrieve_index``; nothing is read on the host."""
+    batch, width = verify.candidates.shape
     roots = root_tokens.reshape(-1).to(torch.long)
-    candidates = trees.verify_input_ids(roots)
-    candidates = torch.where(candidates < 0, roots[:, None].expand(-1, slots), candidates)
-    starts = seq_lens.reshape(-1).to(torch.long)
-    positions = trees.positions(starts).reshape(-1)
-    mask = trees.flat_attention_mask([int(s) for s in starts.tolist()])
-    links = trees.retrieve_lists()
-    if batch:
-        # Padded slots keep their own row in retrieve_index: SGLang kernels index predicts by it.
-        slot = torch.arange(slots, device=candidates.device)
-        links_index = torch.arange(batch, device=candidates.device)[:, None] * slots + slot[None, :]
-    else:
-        links_index = links.retrieve_index
-    return TreeVerifyTensors(
-        candidates=candidates,
-        positions=positions,
-        custom_mask=mask,
-        retrieve_index=links_index,
-        retrieve_next_token=links.retrieve_next_token,
-        retrieve_next_sibling=links.retrieve_next_sibling,
+    device = verify.candidates.device
+    slots = torch.arange(width, device=device)
+    return verify._replace(
+        candidates=torch.where(verify.candidates < 0, roots[:, None].expand(-1, width), verify.candidates),
+        retrieve_index=torch.arange(batch, device=device)[:, None] * width + slots[None, :],
     )
 
 
-def compiled_verify_tensors(
+def sglang_verify_inputs(
+    trees: DraftTreeBatch,
+    root_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    width: int | None = None,
+    *,
+    seq_lens_sum: int | None = None,
+) -> VerifyInputs:
+    """Lay a batch of trees out for SGLang's verify, padded to ``width`` slots per request (default: the batch's).
+
+    A fixed ``width`` (budget + 1) keeps CUDA-graph shapes constant whatever size the trees came out.
+    ``seq_lens_sum`` (``sum(seq_lens)``, known on the host) sizes the flat mask without reading the device; the
+    trees' tensors decide the builder (:func:`ddtree_runtime.ops.tree_verify_inputs`: the kernel for CUDA tensors
+    when the extension is built, the PyTorch reference otherwise).
+    """
+    trees = trees.padded(trees.width if width is None else width)
+    slots = trees.width
+    mask_numel = None if seq_lens_sum is None else slots * seq_lens_sum + trees.batch_size * slots * slots
+    roots = root_tokens.reshape(-1).to(torch.long)
+    verify = ops.tree_verify_inputs(trees, roots, seq_lens.reshape(-1), mask_numel)
+    return with_sglang_padding(verify, roots)
+
+
+def compiled_sglang_verify_inputs(
     log_probs: torch.Tensor,
     ids: torch.Tensor,
     root_tokens: torch.Tensor,
@@ -79,66 +73,31 @@ def compiled_verify_tensors(
     *,
     seq_lens_sum: int,
     budget: int,
-) -> TreeVerifyTensors:
-    """The same tensors as :func:`tree_verify_tensors`, built by the CUDA kernels without a host read.
+) -> VerifyInputs:
+    """The same inputs as :func:`sglang_verify_inputs`, the trees built by the CUDA kernels, without a host read.
 
     ``log_probs`` / ``ids`` ``[B, L, K]`` are the per-depth top-k (rank order); every request gets ``budget``
     nodes and ``W = budget + 1`` slots; ``seq_lens_sum`` is ``sum(seq_lens)`` known on the host (it sizes the
     flat mask).
     """
     batch = int(log_probs.shape[0])
-    width = budget + 1
     budgets = torch.full((batch,), budget, dtype=torch.long, device=log_probs.device)
-    tree = ops.build_tree_from_topk(log_probs, ids, budgets, max_budget=budget)
-    roots = root_tokens.reshape(-1).to(torch.long)
-    verify = ops.tree_verify_inputs(tree, roots, seq_lens.reshape(-1), mask_numel=width * seq_lens_sum
-                                    + batch * width * width)
-    slots = torch.arange(width, device=log_probs.device)
-    return TreeVerifyTensors(
-        candidates=torch.where(verify.input_ids < 0, roots[:, None].expand(-1, width), verify.input_ids),
-        positions=verify.positions.reshape(-1),
-        custom_mask=verify.flat_mask,
-        retrieve_index=torch.arange(batch, device=log_probs.device)[:, None] * width + slots[None, :],
-        retrieve_next_token=verify.retrieve_next_token,
-        retrieve_next_sibling=verify.retrieve_next_sibling,
-    )
+    trees = ops.build_tree_from_topk(log_probs, ids, budgets, max_budget=budget)
+    return sglang_verify_inputs(trees, root_tokens, seq_lens, budget + 1, seq_lens_sum=seq_lens_sum)
 
 
-def pad_tree_batch(trees: DraftTreeBatch, width: int) -> DraftTreeBatch:
-    """The same trees with ``width`` slots per request (root included); padding as in :class:`DraftTreeBatch`."""
-    current = trees.width
-    if width < current:
-        raise ValueError(f"cannot pad trees of width {current} down to {width}")
-    if width == current:
-        return trees
-    extra = width - current
-    batch = trees.batch_size
-    device = trees.parents.device
+class AcceptedPaths(NamedTuple):
+    """SGLang's tree walk (``eagle_sample``) per request, in node terms, all int64:
 
-    def pad(tensor: torch.Tensor, value: float) -> torch.Tensor:
-        filler = torch.full((batch, extra), value, dtype=tensor.dtype, device=device)
-        return torch.cat([tensor, filler], dim=1)
+    - ``nodes [B, S]``: node indices on the accepted path, the root (0) first, ``-1`` padded;
+    - ``lengths [B]``: tau, accepted drafts + 1 (SGLang's ``accept_lens`` and commit length);
+    - ``rows [B, S]``: the flat verify rows (SGLang's ``accept_index``) to gather committed tokens, hidden states
+      and logprobs from; padded entries repeat the last accepted row.
 
-    visibility = torch.zeros(batch, width, width, dtype=torch.bool, device=device)
-    visibility[:, :current, :current] = trees.visibility
-    diagonal = torch.arange(current, width, device=device)
-    visibility[:, diagonal, diagonal] = True
-    return DraftTreeBatch(
-        token_ids=pad(trees.token_ids, NO_NODE),
-        depths=pad(trees.depths, 0),
-        parents=pad(trees.parents, NO_NODE),
-        visibility=visibility,
-        log_probs=pad(trees.log_probs, float("-inf")),
-        ranks=pad(trees.ranks, NO_NODE),
-        num_nodes=trees.num_nodes,
-    )
-
-
-@dataclass(frozen=True)
-class AcceptedPaths:
-    """Per request: ``nodes [B, S]`` accepted node indices (root first, ``-1`` padded), ``lengths [B]`` = tau
-    (accepted drafts + 1, SGLang's commit length), ``rows [B, S]`` the flat verify rows to gather committed
-    hidden states / KV slots from (padded entries repeat the last accepted row)."""
+    ``nodes`` and ``lengths`` are :class:`ddtree_runtime.ops.Acceptance`'s first fields, same names and types;
+    ``rows`` is what a paged cache needs instead of that walk's bonus and slot copies (the worker permutes the
+    request's slots, :func:`accepted_first_order`, and reads the bonus from SGLang's predicts).
+    """
 
     nodes: torch.Tensor
     lengths: torch.Tensor
@@ -246,15 +205,15 @@ _DIGEST_PRIME = 1_000_003
 _DIGEST_MASK = (1 << 61) - 1
 
 
-def round_digest(tensors: TreeVerifyTensors) -> torch.Tensor:
-    """A per-request int64 fingerprint of a round's trees (tokens, positions and links), on the tensors' device.
+def round_digest(verify: VerifyInputs) -> torch.Tensor:
+    """A per-request int64 fingerprint of a round's trees (tokens, positions and links), on their device.
 
     Ranks that build the same trees get the same digests; the worker compares them across TP ranks when
     ``DDTREE_DEBUG_TREE_DIGEST=1``.
     """
-    batch = tensors.candidates.shape[0]
-    fields = (tensors.candidates.reshape(batch, -1), tensors.positions.reshape(batch, -1),
-              tensors.retrieve_next_token.reshape(batch, -1), tensors.retrieve_next_sibling.reshape(batch, -1))
+    batch = verify.candidates.shape[0]
+    fields = (verify.candidates.reshape(batch, -1), verify.positions.reshape(batch, -1),
+              verify.retrieve_next_token.reshape(batch, -1), verify.retrieve_next_sibling.reshape(batch, -1))
     flat = torch.cat([f.to(torch.int64) for f in fields], dim=1)
     weights = torch.arange(1, flat.shape[1] + 1, dtype=torch.int64, device=flat.device)
     return ((flat + 7) * (weights * _DIGEST_PRIME % _DIGEST_MASK)).sum(dim=1) % _DIGEST_MASK

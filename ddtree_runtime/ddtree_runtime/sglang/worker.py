@@ -42,18 +42,18 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from ddtree_runtime import ops
+from ddtree_runtime.ops import VerifyInputs
 from ddtree_runtime.sglang.config import resolve_settings
 from ddtree_runtime.sglang.tree_inputs import (
     AcceptedPaths,
-    TreeVerifyTensors,
     accepted_first_order,
     accepted_paths,
     committed_tokens,
-    compiled_verify_tensors,
+    compiled_sglang_verify_inputs,
     gather_merged_topk,
     local_topk,
     round_digest,
-    tree_verify_tensors,
+    sglang_verify_inputs,
 )
 from ddtree_runtime.tree import build_tree_batch_from_topk
 
@@ -150,9 +150,9 @@ class DDTreeWorker(DFlashWorkerV2):
         bs = len(prefix_lens)
         width = self.ddtree.verify_width
         draft_hidden = self._draft_block_hidden(batch, draft_input.bonus_tokens)
-        tensors = self._verify_tensors(draft_hidden, draft_input.bonus_tokens, batch, bs)
+        inputs = self._verify_inputs(draft_hidden, draft_input.bonus_tokens, batch, bs)
         if self._check_digests:
-            self._compare_tree_digests(tensors)
+            self._compare_tree_digests(inputs)
         verify_locs = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=self.model_runner.req_to_token_pool.req_to_token,
@@ -165,9 +165,9 @@ class DDTreeWorker(DFlashWorkerV2):
         seq_lens_pre_verify = batch.seq_lens.clone()
         # Built before the verify launch so its device-to-host copy overlaps the forward (as EAGLE does).
         grammar_tree = GrammarTree.from_device(
-            tensors.retrieve_next_token, tensors.retrieve_next_sibling, tensors.candidates
+            inputs.retrieve_next_token, inputs.retrieve_next_sibling, inputs.candidates
         ) if batch.has_grammar else None
-        logits_output, target_out, verify_input = self._verify(batch, draft_input, tensors, verify_locs)
+        logits_output, target_out, verify_input = self._verify(batch, draft_input, inputs, verify_locs)
         grammar_mask = None
         if grammar_tree is not None:
             grammar_mask = build_grammar_vocab_mask(
@@ -279,10 +279,10 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---- 2) tree ----------------------------------------------------------------------------------------------
 
-    def _verify_tensors(
+    def _verify_inputs(
         self, draft_hidden: torch.Tensor, bonus_tokens: torch.Tensor, batch: Any, bs: int
-    ) -> TreeVerifyTensors:
-        """Per-depth top-k over the target lm_head (TP-gathered), then the trees and their verify tensors."""
+    ) -> VerifyInputs:
+        """Per-depth top-k over the target lm_head (TP-gathered), then the trees and their verify inputs."""
         depth = self.ddtree.max_depth
         hidden = draft_hidden[:, 1 : depth + 1, :].reshape(bs * depth, -1)
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
@@ -290,13 +290,14 @@ class DDTreeWorker(DFlashWorkerV2):
         k = self.ddtree.topk_for_vocab(vocab)
         log_probs, ids = self._global_topk(hidden, lm_head, k)
         log_probs, ids = log_probs.view(bs, depth, k), ids.view(bs, depth, k)
+        seq_lens_sum = int(self._host_seq_lens(batch).sum())
         if self._compiled:
-            seq_lens_sum = int(self._host_seq_lens(batch).sum())
-            return compiled_verify_tensors(log_probs, ids, bonus_tokens, batch.seq_lens,
-                                           seq_lens_sum=seq_lens_sum, budget=self.ddtree.budget)
+            return compiled_sglang_verify_inputs(log_probs, ids, bonus_tokens, batch.seq_lens,
+                                                 seq_lens_sum=seq_lens_sum, budget=self.ddtree.budget)
         budgets = torch.full((bs,), self.ddtree.budget, dtype=torch.long, device=log_probs.device)
         trees = build_tree_batch_from_topk(log_probs, ids, budgets)
-        return tree_verify_tensors(trees, bonus_tokens, batch.seq_lens, width=self.ddtree.verify_width)
+        return sglang_verify_inputs(trees, bonus_tokens, batch.seq_lens, width=self.ddtree.verify_width,
+                                    seq_lens_sum=seq_lens_sum)
 
     def _global_topk(self, hidden: torch.Tensor, lm_head: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         weight = lm_head.weight
@@ -315,12 +316,12 @@ class DDTreeWorker(DFlashWorkerV2):
         return gather_merged_topk(values, ids, log_z, k, world=world,
                                   all_gather=lambda t: tp_group.all_gather(t, dim=0))
 
-    def _compare_tree_digests(self, tensors: TreeVerifyTensors) -> None:
+    def _compare_tree_digests(self, inputs: VerifyInputs) -> None:
         """Debug mode: every TP rank must have built the same trees this round (reads the device: debug only)."""
         self._round += 1
         tp_group = get_parallel().tp_group
         world = int(tp_group.world_size)
-        digest = round_digest(tensors)
+        digest = round_digest(inputs)
         every = tp_group.all_gather(digest.contiguous(), dim=0).view(world, -1) if world > 1 else digest[None]
         agree = bool((every == every[0]).all())
         logger.info("DDTree round %d: tree digest %s on %d rank(s), %s", self._round, digest.tolist(), world,
@@ -331,9 +332,9 @@ class DDTreeWorker(DFlashWorkerV2):
     # ---- 3) verify --------------------------------------------------------------------------------------------
 
     def _verify(
-        self, batch: Any, draft_input: Any, tensors: TreeVerifyTensors, verify_locs: torch.Tensor
+        self, batch: Any, draft_input: Any, inputs: VerifyInputs, verify_locs: torch.Tensor
     ) -> tuple[Any, Any, DDTreeVerifyInput]:
-        width = tensors.width
+        width = inputs.width
         plan = self.target_worker.model_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices,
             seq_lens=batch.seq_lens,
@@ -342,16 +343,16 @@ class DDTreeWorker(DFlashWorkerV2):
             read_extent=width,
         )
         verify_input = DDTreeVerifyInput(
-            draft_token=tensors.candidates.reshape(-1),
-            positions=tensors.positions,
+            draft_token=inputs.candidates.reshape(-1),
+            positions=inputs.positions.reshape(-1),
             draft_token_num=width,
             topk=self.ddtree.verify_topk,
-            custom_mask=tensors.custom_mask,
+            custom_mask=inputs.custom_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=plan,
-            retrieve_index=tensors.retrieve_index,
-            retrieve_next_token=tensors.retrieve_next_token,
-            retrieve_next_sibling=tensors.retrieve_next_sibling,
+            retrieve_index=inputs.retrieve_index,
+            retrieve_next_token=inputs.retrieve_next_token,
+            retrieve_next_sibling=inputs.retrieve_next_sibling,
             max_tree_depth=int(self.block_size),
         )
         batch.out_cache_loc = verify_locs.reshape(-1)
