@@ -1,10 +1,13 @@
 // Shared helpers of the ddtree_runtime kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
 
 namespace ddtree {
 
@@ -33,5 +36,29 @@ inline void check_cuda(const at::Tensor& t, const char* name) {
 }
 
 inline int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+// The device's opt-in shared memory per block, in bytes (an H200 allows 232448, an RTX PRO 6000 Blackwell 101376).
+// DDTREE_SMEM_LIMIT caps it, so that tests run a smaller GPU's launch plans on the GPU they have.
+inline int smem_optin_bytes(int device) {
+  int optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const char* cap = std::getenv("DDTREE_SMEM_LIMIT");
+  if (cap != nullptr && *cap != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(cap, &end, 10);
+    TORCH_CHECK(end != cap && *end == '\0' && value > 0,
+                "DDTREE_SMEM_LIMIT must be a positive number of bytes, not '", cap, "'");
+    optin = static_cast<int>(std::min<long>(optin, value));
+  }
+  return optin;
+}
+
+// Dynamic shared memory a kernel may ask for on a device: the opt-in limit less the kernel's static shared memory.
+template <typename Kernel>
+int dynamic_smem_room(int optin, Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  return std::max(0, optin - static_cast<int>(attributes.sharedSizeBytes));
+}
 
 }  // namespace ddtree

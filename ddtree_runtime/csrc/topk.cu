@@ -600,16 +600,30 @@ __global__ void __launch_bounds__(kMergeThreads) merge_candidates_kernel(
   }
 }
 
-// Both main-path kernels may use more than the default 48 KiB of shared memory: opt in once per device.
+// Dynamic shared memory each main-path kernel may use on a device: what its largest launch needs, or less where the
+// device allows less (an H200 fits both; an RTX PRO 6000 Blackwell fits neither, so plan_chunks keeps its launches
+// within these limits or leaves the row to the whole-row kernel). Set once per device, on the first call.
+struct ChunkSmem {
+  size_t chunk;
+  size_t merge;
+};
+
 template <typename scalar_t>
-void allow_topk_smem(int device) {
+ChunkSmem chunk_smem_limits(int device) {
   static std::once_flag flags[64];
-  std::call_once(flags[device % 64], [] {
+  static ChunkSmem limits[64];
+  std::call_once(flags[device % 64], [device] {
+    const int optin = smem_optin_bytes(device);
+    const int chunk = static_cast<int>(std::min<size_t>(
+        chunk_smem_bytes(kMaxChunk), static_cast<size_t>(dynamic_smem_room(optin, chunk_candidates_kernel<scalar_t>))));
+    const int merge = static_cast<int>(std::min<size_t>(merge_smem_bytes(kMaxCandidates, kMaxBudget),
+                                                        static_cast<size_t>(dynamic_smem_room(optin, merge_candidates_kernel))));
     C10_CUDA_CHECK(cudaFuncSetAttribute(chunk_candidates_kernel<scalar_t>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(chunk_smem_bytes(kMaxChunk))));
-    C10_CUDA_CHECK(cudaFuncSetAttribute(merge_candidates_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(merge_smem_bytes(kMaxCandidates, kMaxBudget))));
+                                        chunk));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(merge_candidates_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, merge));
+    limits[device % 64] = {static_cast<size_t>(chunk), static_cast<size_t>(merge)};
   });
+  return limits[device % 64];
 }
 
 // How a row is cut into chunks for the main path (chunk == 0: the row does not fit, use the fallback).
@@ -618,11 +632,14 @@ struct ChunkPlan {
   int chunk;
 };
 
-ChunkPlan plan_chunks(int64_t vocab, int64_t k) {
+ChunkPlan plan_chunks(int64_t vocab, int64_t k, ChunkSmem limits) {
   int64_t splits = std::max<int64_t>(1, std::min<int64_t>((vocab + kChunkTarget - 1) / kChunkTarget, kMaxCandidates / k));
   const int64_t chunk = ((vocab + splits - 1) / splits + 7) / 8 * 8;  // multiples of 16 bytes keep loads aligned
   splits = (vocab + chunk - 1) / chunk;
-  if (chunk > kMaxChunk) return {0, 0};
+  if (chunk > kMaxChunk || chunk_smem_bytes(static_cast<int>(chunk)) > limits.chunk ||
+      merge_smem_bytes(static_cast<int>(splits * k), next_pow2(static_cast<int>(k))) > limits.merge) {
+    return {0, 0};
+  }
   return {static_cast<int>(splits), static_cast<int>(chunk)};
 }
 
@@ -651,7 +668,6 @@ void launch_chunked(const at::Tensor& logits, int64_t rows, int64_t vocab, int k
   at::Tensor partials = at::empty({blocks * 2}, options.dtype(at::kFloat));
   at::Tensor bad_flags = at::empty({blocks}, options.dtype(at::kInt));
   const int index_bits = token_bits(vocab);
-  allow_topk_smem<scalar_t>(logits.device().index());
   uint64_t* const candidate_keys = reinterpret_cast<uint64_t*>(candidates.data_ptr<int64_t>());
   float2* const partial_pairs = reinterpret_cast<float2*>(partials.data_ptr<float>());
   chunk_candidates_kernel<scalar_t><<<static_cast<unsigned>(blocks), kChunkThreads, chunk_smem_bytes(plan.chunk), stream>>>(
@@ -703,12 +719,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_log_probs_cuda(const at::Ten
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, logits.device().index()));
-    // The chunked path wins while rows are fewer than SMs (batch 1 on an H200: 34 vs 57 us at k = 16); with
-    // many rows its per-chunk selection passes cost more than the whole-row kernel (batch 16: 229 vs 173 us).
-    const ChunkPlan plan = rows < sms ? plan_chunks(vocab, k) : ChunkPlan{0, 0};
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, contiguous.scalar_type(), "ddtree_topk_log_probs", [&] {
       TORCH_CHECK(contiguous.scalar_type() != at::kDouble, "float64 logits are not supported");
       if constexpr (!std::is_same_v<scalar_t, double>) {
+        // The chunked path wins while rows are fewer than SMs (batch 1 on an H200: 34 vs 57 us at k = 16); with
+        // many rows its per-chunk selection passes cost more than the whole-row kernel (batch 16: 229 vs 173 us).
+        const ChunkPlan plan = rows < sms ? plan_chunks(vocab, k, chunk_smem_limits<scalar_t>(logits.device().index()))
+                                          : ChunkPlan{0, 0};
         if (plan.chunk > 0) {
           launch_chunked<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), plan, log_probs, ids, invalid_rows, stream);
         } else {

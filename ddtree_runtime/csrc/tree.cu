@@ -306,16 +306,20 @@ __device__ void write_sequential_tree(const TreeSmem& s, int count, const int64_
 
 __global__ void __launch_bounds__(kThreads) build_tree_kernel(
     const float* __restrict__ log_probs, const int64_t* __restrict__ top_ids, const int64_t* __restrict__ budgets,
-    int depth_limit, int k_max, int max_budget, int capacity, TreeOutputs out) {
+    int depth_limit, int k_max, int max_budget, int capacity, bool stage_table, TreeOutputs out) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ ThresholdScratch scratch;
   __shared__ int popped;
   const int64_t table = static_cast<int64_t>(depth_limit) * k_max;
-  float* lp = reinterpret_cast<float*>(smem);
-  unsigned char* region = smem + table_bytes(table);
-
   const int64_t request = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < table; i += blockDim.x) lp[i] = log_probs[request * table + i];
+  // The log-prob table is read many times: staged in shared memory when it fits beside the region, else read
+  // where it is (same values, slower; a GPU with less shared memory at the widest tables).
+  float* staged = reinterpret_cast<float*>(smem);
+  unsigned char* region = smem + (stage_table ? table_bytes(table) : 0);
+  if (stage_table) {
+    for (int64_t i = threadIdx.x; i < table; i += blockDim.x) staged[i] = log_probs[request * table + i];
+  }
+  const float* lp = stage_table ? staged : log_probs + request * table;
   const int64_t requested = budgets[request];
   const int budget = requested < 0 ? 0 : static_cast<int>(requested > max_budget ? max_budget : requested);
   const int k = min(max(budget, 1), k_max);
@@ -348,11 +352,7 @@ int dynamic_smem_limit(int device) {
   static std::once_flag flags[64];
   static int limits[64];
   std::call_once(flags[device % 64], [device] {
-    int optin = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cudaFuncAttributes attributes{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, build_tree_kernel));
-    const int limit = optin - static_cast<int>(attributes.sharedSizeBytes);
+    const int limit = dynamic_smem_room(smem_optin_bytes(device), build_tree_kernel);
     C10_CUDA_CHECK(cudaFuncSetAttribute(build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
     limits[device % 64] = limit;
   });
@@ -368,10 +368,10 @@ bool threshold_path_enabled() {
   return enabled;
 }
 
-// The kept-set capacity that fits next to the table: as large as allowed up to kMaxKept, a multiple of 32.
-int kept_capacity(int limit, int64_t table) {
+// The kept-set capacity that fits beside the staged table: as large as allowed up to kMaxKept, a multiple of 32.
+int kept_capacity(int limit, size_t staged_bytes) {
   if (!threshold_path_enabled()) return 0;
-  const int64_t room = (static_cast<int64_t>(limit) - static_cast<int64_t>(table_bytes(table))) /
+  const int64_t room = (static_cast<int64_t>(limit) - static_cast<int64_t>(staged_bytes)) /
                        static_cast<int64_t>(kBytesPerKept);
   return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kMaxKept, room)) / 32 * 32);
 }
@@ -405,16 +405,19 @@ std::vector<at::Tensor> build_tree_cuda(const at::Tensor& log_probs, const at::T
     const at::Tensor budget_long = budgets.to(at::kLong).contiguous();
     const int64_t table = log_probs.size(1) * log_probs.size(2);
     const int limit = dynamic_smem_limit(log_probs.device().index());
-    const int capacity = kept_capacity(limit, table);
-    const size_t smem = table_bytes(table) + region_bytes(static_cast<int>(max_budget), capacity);
+    const size_t sequential = sequential_region_bytes(static_cast<int>(max_budget));
+    const bool stage_table = table_bytes(table) + sequential <= static_cast<size_t>(limit);
+    const size_t staged_bytes = stage_table ? table_bytes(table) : 0;
+    const int capacity = kept_capacity(limit, staged_bytes);
+    const size_t smem = staged_bytes + region_bytes(static_cast<int>(max_budget), capacity);
     TORCH_CHECK(smem <= static_cast<size_t>(limit), "build_tree needs ", smem, " bytes of shared memory per block, ",
-                "this GPU allows ", limit, " (lower max_budget or the top-K width)");
+                "this GPU allows ", limit, " (lower max_budget)");
     const TreeOutputs out{token_ids.data_ptr<int64_t>(), depths.data_ptr<int64_t>(), parents.data_ptr<int64_t>(),
                           scores.data_ptr<double>(), ranks.data_ptr<int64_t>(), num_nodes.data_ptr<int64_t>()};
     build_tree_kernel<<<static_cast<unsigned>(batch), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
         lp.data_ptr<float>(), ids.data_ptr<int64_t>(), budget_long.data_ptr<int64_t>(),
         static_cast<int>(log_probs.size(1)), static_cast<int>(log_probs.size(2)), static_cast<int>(max_budget),
-        capacity, out);
+        capacity, stage_table, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {token_ids, depths, parents, scores, ranks, num_nodes};
