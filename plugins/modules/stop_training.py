@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: training_stop
+module: stop_training
 short_description: Stop a training job without losing its work
 version_added: 0.1.0
 description:
@@ -257,13 +257,13 @@ notes:
   - A training job started by hand under C(nohup) shares the session of its shell; the module does not signal that
     session as a whole, only the job's own processes and the process groups and sessions they lead.
 seealso:
-  - module: pivot.ops.gpu_memory
+  - module: pivot.ops.gpu_release
   - module: ansible.builtin.wait_for
 """
 
 EXAMPLES = r"""
 - name: Checkpoint on SIGUSR1, wait for a complete step_* directory, then stop the torchrun job
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     cmdline_match:
       - /root/train/run.sh
     match_env:
@@ -283,7 +283,7 @@ EXAMPLES = r"""
     msg: "Stopped at step {{ stopped.last_step }}, checkpoint {{ stopped.checkpoint.path }}"
 
 - name: Stop a job found through its pidfile, asking for a checkpoint with a trigger file
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     pidfile: /run/train.pid
     cmdline_match:
       - train_dflash_pipeline.py
@@ -295,7 +295,7 @@ EXAMPLES = r"""
       settle_seconds: 45       # no marker: complete once unchanged for 45 s, nothing open for writing
 
 - name: Start the stop on the host; it cancels itself if this controller goes away before SIGTERM
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     cmdline_match:
       - /root/train_dflash_pipeline.py
     checkpoint:
@@ -320,12 +320,12 @@ EXAMPLES = r"""
   delay: 5
 
 - name: Stop a systemd-managed trainer without any checkpoint request
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     unit: trainer.service
     grace_period: 45
 
 - name: Preview what would be signalled
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     cmdline_match:
       - train_dflash_pipeline.py
     max_roots: 1
@@ -885,7 +885,7 @@ class TrainingStop:
             trigger = self.checkpoint_params["trigger_file"]
             try:
                 with open(trigger, "w") as handle:
-                    handle.write("checkpoint requested by pivot.ops.training_stop at %s\n" % utc_now())
+                    handle.write("checkpoint requested by pivot.ops.stop_training at %s\n" % utc_now())
             except OSError as exc:
                 self.refuse_or_force("Cannot create checkpoint trigger file %s: %s." % (trigger, exc))
                 return False

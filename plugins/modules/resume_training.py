@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: training_resume
+module: resume_training
 short_description: Restart a training job from a checkpoint and wait until it really trains
 version_added: 0.1.0
 description:
-  - Looks for the training job with the same selector M(pivot.ops.training_stop) uses (O(job)). When a job runs that
+  - Looks for the training job with the same selector M(pivot.ops.stop_training) uses (O(job)). When a job runs that
     this module started (per its record in O(state_dir)) from the same checkpoint, nothing is started (no change) and
     the module confirms it trains. When a job runs that it did not start, the task fails naming it and starts nothing,
     so there are never two trainers.
@@ -118,12 +118,12 @@ options:
     type: path
   job:
     description:
-      - How to find the training job, as M(pivot.ops.training_stop) takes it.
+      - How to find the training job, as M(pivot.ops.stop_training) takes it.
     type: dict
     required: true
     suboptions:
       cmdline_match:
-        description: Command-line elements that must each match one argv element (see M(pivot.ops.training_stop)).
+        description: Command-line elements that must each match one argv element (see M(pivot.ops.stop_training)).
         type: list
         elements: str
       pidfile:
@@ -216,13 +216,13 @@ notes:
   - The job is found before anything else, so a job that runs is never duplicated, whatever the checkpoint says.
   - The GPUs must be free before the start; the serving host is another host, so nothing there is waited for.
 seealso:
-  - module: pivot.ops.training_stop
-  - module: pivot.ops.gpu_memory
+  - module: pivot.ops.stop_training
+  - module: pivot.ops.gpu_release
 """
 
 EXAMPLES = r"""
 - name: Resume from the checkpoint the stop confirmed, under run.sh, and wait until it trains
-  pivot.ops.training_resume:
+  pivot.ops.resume_training:
     checkpoint: /data/dflash/checkpoints/step_000005400
     checkpoint_size_bytes: 1048576
     checkpoint_marker: COMPLETE
@@ -238,7 +238,7 @@ EXAMPLES = r"""
     timeout: 1800
 
 - name: Resume as a transient systemd service, passing the step
-  pivot.ops.training_resume:
+  pivot.ops.resume_training:
     checkpoint: /data/ckpt/checkpoint-5400
     command: [/usr/bin/python3, -u, /root/train_dflash_pipeline.py, --resume-step, "{step}"]
     launcher: systemd-run
@@ -248,7 +248,7 @@ EXAMPLES = r"""
     log_file: /root/train/train.log
 
 - name: Preview the resume
-  pivot.ops.training_resume:
+  pivot.ops.resume_training:
     checkpoint: /data/dflash/checkpoints/step_000005400
     command: [/root/run.sh, --resume, "{checkpoint}"]
     job:
