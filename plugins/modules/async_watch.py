@@ -69,8 +69,8 @@ EXAMPLES = r"""
 - name: Start the long task on the host
   pivot.ops.stop_training:
     cmdline_match: [/root/train_dflash_pipeline.py]
-    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
-    progress_file: /var/lib/pivot/training_stop/progress-1.json
+    heartbeat_file: /var/lib/pivot/stop_training/heartbeat-1
+    progress_file: /var/lib/pivot/stop_training/progress-1.json
   async: 1800
   poll: 0
   register: started
@@ -78,8 +78,8 @@ EXAMPLES = r"""
 - name: Wait for it, printing its progress (pivot.ops.progress callback) and keeping its heartbeat fresh
   pivot.ops.async_watch:
     results_file: "{{ started.results_file }}"
-    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
-    progress_file: /var/lib/pivot/training_stop/progress-1.json
+    heartbeat_file: /var/lib/pivot/stop_training/heartbeat-1
+    progress_file: /var/lib/pivot/stop_training/progress-1.json
   register: watched
   until: watched.finished
   retries: 400   # > async / delay

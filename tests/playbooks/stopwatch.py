@@ -19,7 +19,7 @@ from typing import TypeVar
 import labctl
 import pivotlab
 
-STATE_DIR = "/var/lib/pivot/training_stop"
+STATE_DIR = "/var/lib/pivot/stop_training"
 # A progress line of the stop, as pivot.ops.progress prints it for ct200.
 PROGRESS = re.compile(r"^ct200: (?P<text>.*)$")
 T = TypeVar("T")

@@ -18,6 +18,7 @@ import time
 import uuid
 
 import pytest
+from ansible_collections.pivot.ops.plugins.module_utils import state_dir
 from ansible_collections.pivot.ops.plugins.modules import resume_training
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
@@ -199,6 +200,24 @@ def test_check_mode_on_the_running_job_reports_it_without_a_change(run_module, w
     assert checked["failed"] is False, checked["msg"]
     assert checked["changed"] is False and checked["already_running"] is True
     assert checked["msg"].endswith("Nothing to do.")
+
+
+def test_the_job_started_under_the_former_module_name_is_recognised_and_its_record_moved(
+    run_module, world, monkeypatch
+):
+    """A host that ran training_resume keeps its record in that module's directory: the renamed module adopts it."""
+    former = world.tmp_path / "training_resume"
+    monkeypatch.setattr(state_dir, "FORMER_STATE_DIRS", {str(world.state_dir): str(former)})
+    first = run_module(resume_training.main, world.args(state_dir=str(former)))
+    assert first["failed"] is False, first["msg"]
+    checked = run_module(resume_training.main, world.args(), check_mode=True)
+    assert checked["already_running"] is True and checked["changed"] is False, checked["msg"]
+    assert former.exists() and not world.state_dir.exists(), "check mode reads the record where it is"
+    second = run_module(resume_training.main, world.args())
+    assert second["failed"] is False, second["msg"]
+    assert second["changed"] is False and second["already_running"] is True and second["pid"] == first["pid"]
+    assert second["host_record"] == str(world.state_dir / "resume.json")
+    assert not former.exists() and read_record(world)["pid"] == first["pid"]
 
 
 def test_a_job_pivot_started_from_another_checkpoint_is_not_restarted(run_module, world):

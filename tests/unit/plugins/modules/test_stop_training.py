@@ -12,6 +12,7 @@ import re
 import time
 
 import pytest
+from ansible_collections.pivot.ops.plugins.module_utils import state_dir
 from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import STATE_PROPERTIES
 from ansible_collections.pivot.ops.plugins.modules import stop_training
 
@@ -606,6 +607,55 @@ def test_a_stop_waits_for_the_lock_of_an_earlier_one_and_then_refuses(
     assert "it reports: SIGTERM sent: waiting for the job to exit, 12 s of 60" in result["msg"]
     assert result["signals"] == [] and result["pids"] == [] and result["host_record"] is None
     assert alive(popen.pid)
+
+
+@pytest.fixture
+def former_state(tmp_path, monkeypatch):
+    """The host ran training_stop: its directory holds a record no run imported yet (and the lock file)."""
+    former = tmp_path / "training_stop"
+    monkeypatch.setattr(state_dir, "FORMER_STATE_DIRS", {str(tmp_path / "state"): str(former)})
+    os.makedirs(former / "records")
+    (former / "records" / "20261130T153401Z-4242.json").write_text(json.dumps({"outcome": "stopped"}))
+    (former / "lock").write_text("")
+    return former
+
+
+def test_the_state_dir_of_the_former_module_name_is_moved_with_its_records(
+    run_module, trainers, tmp_path, former_state
+):
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
+    result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
+                                                 checkpoint=checkpoint_opts(tmp_path)))
+    assert result["failed"] is False, result["msg"]
+    state = tmp_path / "state"
+    assert not former_state.exists()
+    assert sorted(os.listdir(state / "records")) == sorted(
+        ["20261130T153401Z-4242.json", os.path.basename(result["host_record"])]
+    ), "the earlier record waits beside this stop's for the role to import both"
+
+
+def test_a_stop_of_the_former_module_still_running_is_waited_for_not_moved_away(
+    run_module, trainers, tmp_path, alive, former_state
+):
+    popen = trainers.start("single")
+    earlier = stop_training.HostLock(str(former_state))
+    earlier.try_acquire({"pid": 4242, "run_id": "run-6", "started_at": "2026-11-30T15:34:01Z"})
+    try:
+        result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers)))
+        checked = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers)),
+                             check_mode=True)
+    finally:
+        earlier.release()
+    assert result["failed"] is True
+    assert result["msg"].startswith("A training stop of an earlier Pivot, from before this module was renamed, is "
+                                    "still running on this host (PID 4242, run run-6, started 2026-11-30T15:34:01Z; "
+                                    f"its state is in {former_state}). Nothing was done.")
+    assert result["signals"] == [] and result["pids"] == [] and result["host_record"] is None
+    assert alive(popen.pid)
+    assert former_state.exists() and not (tmp_path / "state").exists()
+    assert checked["failed"] is False, checked["msg"]
+    assert checked["planned"][0] == ("wait for the earlier stop still running on this host "
+                                     "(PID 4242, run run-6, started 2026-11-30T15:34:01Z)")
 
 
 def test_check_mode_names_an_earlier_stop_that_holds_the_host(run_module, trainers, tmp_path):
