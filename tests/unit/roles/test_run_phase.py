@@ -1,5 +1,6 @@
-"""pivot.ops.run_phase on this machine, without the lab: phases of a stand-in role run on localhost, each recorded in
-the report under its role's name, a failure re-raised with the phase's name and written to the report first."""
+"""pivot.ops.run_phase on this machine, without the lab: phases of a stand-in role run on two local hosts, each recorded
+in the report under its role's name, a failure on one host re-raised with the phase's name after the report, with
+both hosts' phases, was written."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ ROLE_TASKS = {
     "other": [{"name": "Find something else", "ansible.builtin.set_fact": {"stand_in_findings": {"entry": "other"}}}],
     "failing": [
         {"name": "Find what went wrong", "ansible.builtin.set_fact": {"stand_in_findings": {"entry": "failing"}}},
-        {"name": "Fail", "ansible.builtin.fail": {"msg": "the stand-in failed"}},
+        {"name": "Fail on one host", "ansible.builtin.fail": {"msg": "the stand-in failed"},
+         "when": "inventory_hostname == 'twin'"},
     ],
 }
 
@@ -33,16 +35,17 @@ def phase(**options: str) -> dict:
 
 PLAY = {
     "name": "Phases of a stand-in role",
-    "hosts": "localhost",
+    "hosts": "all",
     "connection": "local",
     "gather_facts": False,
     "tasks": [
         phase(),
         phase(run_phase_tasks_from="other"),
         phase(run_phase_name="named_by_hand"),
-        {"name": "A failing phase", "block": [phase(run_phase_tasks_from="failing")],
-         "rescue": [{"name": "Keep the message", "ansible.builtin.copy": {
-             "content": "{{ ansible_failed_result.msg }}", "dest": "{{ report_dir }}/failure.txt", "mode": "0644"}}]},
+        {"name": "A phase that fails on twin", "block": [phase(run_phase_tasks_from="failing")],
+         "rescue": [{"name": "Keep the message",
+                     "ansible.builtin.copy": {"content": "{{ ansible_failed_result.msg }}", "mode": "0644",
+                                              "dest": "{{ report_dir }}/failure-{{ inventory_hostname }}.txt"}}]},
     ],
 }
 
@@ -58,28 +61,34 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     reports = root / "reports"
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
     proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(root / "play.yml"),
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,twin,", str(root / "play.yml"),
          "-e", f"report_dir={reports}", "-e", f"ansible_python_interpreter={REPO / '.venv' / 'bin' / 'python'}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return {"report": json.loads((reports / "phases-t1.json").read_text()),
             "markdown": (reports / "phases-t1.md").read_text(),
-            "failure": (reports / "failure.txt").read_text(), "reports": reports}
+            "failures": {path.name: path.read_text() for path in reports.glob("failure-*.txt")}, "reports": reports}
 
 
 def test_a_phase_is_named_after_its_role_and_entry_point(run: dict) -> None:
-    phases = run["report"]["phases"]
-    assert [p["phase"] for p in phases] == ["stand_in", "stand_in_other", "named_by_hand", "stand_in_failing"]
-    assert [p["status"] for p in phases] == ["ok", "ok", "ok", "failed"]
-    assert [p["findings"]["entry"] for p in phases] == ["main", "other", "main", "failing"]
-    assert {p["host"] for p in phases} == {"localhost"}
-    assert all(float(p["seconds"]) >= 0 and p["started"].endswith("Z") for p in phases)
-    assert "error" not in phases[0] and phases[3]["error"] == "the stand-in failed"
+    for host in ("localhost", "twin"):
+        phases = [p for p in run["report"]["phases"] if p["host"] == host]
+        assert [p["phase"] for p in phases] == ["stand_in", "stand_in_other", "named_by_hand", "stand_in_failing"]
+        assert [p["findings"]["entry"] for p in phases] == ["main", "other", "main", "failing"]
+        assert all(float(p["seconds"]) >= 0 and p["started"].endswith("Z") for p in phases)
+    assert "### stand_in_other (twin)" in run["markdown"]
+
+
+def test_a_failure_on_one_host_is_recorded_with_the_other_hosts_phase(run: dict) -> None:
+    last = {p["host"]: p for p in run["report"]["phases"] if p["phase"] == "stand_in_failing"}
+    assert (last["localhost"]["status"], last["twin"]["status"]) == ("ok", "failed")
+    assert "error" not in last["localhost"] and last["twin"]["error"] == "the stand-in failed"
+    assert [p["status"] for p in run["report"]["phases"]].count("failed") == 1
     assert run["report"]["status"] == "failed"
-    assert "### stand_in_other (localhost)" in run["markdown"]
 
 
 def test_a_failure_names_the_phase_and_the_report_written_before_it(run: dict) -> None:
-    assert " ".join(run["failure"].split()) == (
-        f"Phase 'stand_in_failing' failed on localhost: the stand-in failed (report: {run['reports']}/phases-t1.md)")
+    assert list(run["failures"]) == ["failure-twin.txt"]
+    assert " ".join(run["failures"]["failure-twin.txt"].split()) == (
+        f"Phase 'stand_in_failing' failed on twin: the stand-in failed (report: {run['reports']}/phases-t1.md)")
