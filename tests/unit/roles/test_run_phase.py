@@ -50,22 +50,28 @@ PLAY = {
 }
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("run_phase")
+def run_play(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The stand-in role and the play in root, run on localhost and twin (both local)."""
     for entry, tasks in ROLE_TASKS.items():
         path = root / "roles" / "stand_in" / "tasks" / f"{entry}.yml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(tasks, sort_keys=False))
     (root / "play.yml").write_text(yaml.safe_dump([PLAY], sort_keys=False))
-    reports = root / "reports"
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
-    proc = subprocess.run(
+    return subprocess.run(
         [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,twin,", str(root / "play.yml"),
-         "-e", f"report_dir={reports}", "-e", f"ansible_python_interpreter={REPO / '.venv' / 'bin' / 'python'}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S, check=False,
+         "-e", f"report_dir={root / 'reports'}", "-e", f"ansible_python_interpreter={REPO / '.venv/bin/python'}",
+         *args],
+        cwd=REPO, env={**os.environ, "ANSIBLE_NOCOLOR": "1"}, capture_output=True, text=True,
+        timeout=PLAYBOOK_TIMEOUT_S, check=False,
     )
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("run_phase")
+    proc = run_play(root)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    reports = root / "reports"
     return {"report": json.loads((reports / "phases-t1.json").read_text()),
             "markdown": (reports / "phases-t1.md").read_text(),
             "failures": {path.name: path.read_text() for path in reports.glob("failure-*.txt")}, "reports": reports}
@@ -92,3 +98,13 @@ def test_a_failure_names_the_phase_and_the_report_written_before_it(run: dict) -
     assert list(run["failures"]) == ["failure-twin.txt"]
     assert " ".join(run["failures"]["failure-twin.txt"].split()) == (
         f"Phase 'stand_in_failing' failed on twin: the stand-in failed (report: {run['reports']}/phases-t1.md)")
+
+
+def test_a_phase_under_a_tag_filter_is_refused_and_recorded_nowhere(tmp_path: Path) -> None:
+    """--skip-tags would run the phase's role with a step left out, and the phase would be recorded as passed."""
+    proc = run_play(tmp_path, "--skip-tags", "stand_in_step")
+    assert proc.returncode != 0
+    message = " ".join(proc.stdout.split())
+    assert ("pivot.ops.run_phase runs no phase (stand_in) under --tags or --skip-tags (given: all / stand_in_step): a "
+            "phase whose steps a tag filter left out would be recorded as passed.") in message, proc.stdout[-3000:]
+    assert not (tmp_path / "reports").exists()
