@@ -14,7 +14,7 @@ description:
     the example). Each call says whether the task has finished and returns one line of progress; the
     C(pivot.ops.progress) callback prints that line for every retry, instead of C(FAILED - RETRYING)."
   - With O(heartbeat_file), every call that finds the task still running refreshes that file. A task that must not
-    go on without its controller (M(pivot.ops.training_stop)) checks the file's age and cancels what it can still
+    go on without its controller (M(pivot.ops.stop_training)) checks the file's age and cancels what it can still
     cancel when the controller stops polling (Ctrl-C, a lost connection).
   - "The progress line is the task's own (O(progress_file), written by the task) when there is one, else
     C(<label>: <seconds> of <timeout>) counted from the task's start."
@@ -62,15 +62,15 @@ notes:
     below the watched task's heartbeat timeout.
 seealso:
   - module: ansible.builtin.async_status
-  - module: pivot.ops.training_stop
+  - module: pivot.ops.stop_training
 """
 
 EXAMPLES = r"""
 - name: Start the long task on the host
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     cmdline_match: [/root/train_dflash_pipeline.py]
-    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
-    progress_file: /var/lib/pivot/training_stop/progress-1.json
+    heartbeat_file: /var/lib/pivot/stop_training/heartbeat-1
+    progress_file: /var/lib/pivot/stop_training/progress-1.json
   async: 1800
   poll: 0
   register: started
@@ -78,8 +78,8 @@ EXAMPLES = r"""
 - name: Wait for it, printing its progress (pivot.ops.progress callback) and keeping its heartbeat fresh
   pivot.ops.async_watch:
     results_file: "{{ started.results_file }}"
-    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
-    progress_file: /var/lib/pivot/training_stop/progress-1.json
+    heartbeat_file: /var/lib/pivot/stop_training/heartbeat-1
+    progress_file: /var/lib/pivot/stop_training/progress-1.json
   register: watched
   until: watched.finished
   retries: 400   # > async / delay

@@ -159,5 +159,5 @@ def run_playbook(
 
 
 def signals_by_pid(stop_result: dict) -> dict[int, list[str]]:
-    """Every signal training_stop sent, per PID, to the process and to the process group it leads."""
+    """Every signal stop_training sent, per PID, to the process and to the process group it leads."""
     return {entry["pid"]: entry["signals"] + entry["group_signals"] for entry in stop_result["signals"]}

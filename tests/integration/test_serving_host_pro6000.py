@@ -1,4 +1,4 @@
-"""pivot.ops.gpu_memory and pivot.ops.training_stop on pro6000 over SSH, against the user's real sglang.service unit
+"""pivot.ops.gpu_release and pivot.ops.stop_training on pro6000 over SSH, against the user's real sglang.service unit
 (the lab's stand-in server holds memory on both fake RTX PRO 6000s while it runs). Every test leaves the unit running,
 as it found it."""
 
@@ -62,13 +62,13 @@ def sglang() -> Iterator[int]:
     wait_until_serving()
 
 
-def gpu_memory(**variables: object) -> tuple[int, dict]:
-    run = run_playbook("gpu_memory.yml", {"target": HOST, **variables})
+def gpu_release(**variables: object) -> tuple[int, dict]:
+    run = run_playbook("gpu_release.yml", {"target": HOST, **variables})
     return run.rc, run.result(QUERY, HOST)
 
 
 def test_facts_show_the_sglang_memory_on_both_gpus(sglang: int) -> None:
-    rc, facts = gpu_memory(gpu_expected_count=2)
+    rc, facts = gpu_release(gpu_expected_count=2)
 
     assert rc == 0, facts
     assert facts["changed"] is False
@@ -85,7 +85,7 @@ def test_facts_show_the_sglang_memory_on_both_gpus(sglang: int) -> None:
 
 
 def test_release_check_fails_while_sglang_runs_and_passes_after_it_stops(sglang: int) -> None:
-    rc, busy = gpu_memory(gpu_state="released", release_timeout=1, release_poll_interval=0.2)
+    rc, busy = gpu_release(gpu_state="released", release_timeout=1, release_poll_interval=0.2)
 
     assert rc != 0
     assert busy["failed"] is True and busy["released"] is False
@@ -98,14 +98,14 @@ def test_release_check_fails_while_sglang_runs_and_passes_after_it_stops(sglang:
     assert "probably an orphan" not in busy["msg"]
 
     assert labctl.ssh(HOST, f"systemctl stop {UNIT}").rc == 0
-    rc, free = gpu_memory(gpu_state="released", release_timeout=10, release_poll_interval=0.2)
+    rc, free = gpu_release(gpu_state="released", release_timeout=10, release_poll_interval=0.2)
 
     assert rc == 0, free
     assert free["released"] is True and free["processes"] == [] and free["problems"] == []
     assert all(gpu["memory_used_mib"] <= 1024 for gpu in free["gpus"])
 
 
-def test_training_stop_by_unit_stops_the_real_systemd_unit(sglang: int) -> None:
+def test_stop_training_by_unit_stops_the_real_systemd_unit(sglang: int) -> None:
     variables = {"target": HOST, "job_unit": UNIT, "job_gpus": [0, 1], "job_grace_period": 10}
     run = run_playbook("stop_training.yml", variables)
 

@@ -19,7 +19,7 @@ from typing import TypeVar
 import labctl
 import pivotlab
 
-STATE_DIR = "/var/lib/pivot/training_stop"
+STATE_DIR = "/var/lib/pivot/stop_training"
 # A progress line of the stop, as pivot.ops.progress prints it for ct200.
 PROGRESS = re.compile(r"^ct200: (?P<text>.*)$")
 T = TypeVar("T")
@@ -108,13 +108,13 @@ def host_records() -> list[dict]:
 
 
 def stop_processes() -> list[str]:
-    """Command lines of training_stop modules still running on ct200 (async, so not below any ssh session)."""
+    """Command lines of stop_training modules still running on ct200 (async, so not below any ssh session)."""
     script = (
         "import os\n"
         "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
         "    try: argv = open('/proc/%s/cmdline' % pid, 'rb').read().replace(b'\\0', b' ').decode()\n"
         "    except OSError: continue\n"
-        "    if 'AnsiballZ_training_stop' in argv and 'python3 -c' not in argv: print(pid, argv)\n"
+        "    if 'AnsiballZ_stop_training' in argv and 'python3 -c' not in argv: print(pid, argv)\n"
     )
     return _on_ct200(script).splitlines()
 

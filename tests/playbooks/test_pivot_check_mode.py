@@ -27,10 +27,10 @@ def test_check_mode_previews_the_pivot_and_changes_nothing(
     assert run.rc == 0, run.summary()
     report = run.report
     assert report is not None and report["check_mode"] is True and report["status"] == "ok"
-    assert run.phase_names() == ["preflight", "preflight", "release_venv", "release_prepare", "stop_training",
-                                 "training_gpu_release", "switch_service"]
+    assert run.phase_names() == ["preflight", "preflight", "release_venv", "sglang_release_prepare", "stop_training",
+                                 "gpu_release", "sglang_release"]
     assert {p["status"] for p in report["phases"]} == {"checked"}
-    switch = run.phase("switch_service")["findings"]
+    switch = run.phase("sglang_release")["findings"]
     assert switch["switched"] is True and switch["release"] == "ddtree-d16-b64-k8" and switch["check_mode"] is True
     stop = run.phase("stop_training")["findings"]["result"]
     assert stop.startswith(f"Would stop {len(job.pids) - 1} process(es)"), stop  # all but run.sh's bash

@@ -80,7 +80,7 @@ def test_second_pivot_refuses_while_the_first_runs(interruption: Interruption) -
 
 def test_killed_run_stopped_the_job_after_a_checkpoint(interruption: Interruption) -> None:
     report = interruption.first_report()
-    assert [p["phase"] for p in report["phases"]][-1] == "training_gpu_release", "killed during the switch"
+    assert [p["phase"] for p in report["phases"]][-1] == "gpu_release", "killed during the switch"
     stopped = next(p for p in report["phases"] if p["phase"] == "stop_training")
     assert stopped["status"] == "ok" and stopped["findings"]["sigkill_needed"] is False
     checkpoint = stopped["findings"]["checkpoint_path"].rsplit("/", 1)[-1]
@@ -103,7 +103,7 @@ def test_rerun_after_the_kill_converges(interruption: Interruption) -> None:
     training_checks = {c["name"]: c for c in run.phase("preflight", "ct200")["findings"]["checks"]}
     assert "already gone" in training_checks["training_job"]["detail"]
     assert run.phase("stop_training")["findings"]["result"].startswith("No process of the job is running")
-    switch = run.phase("switch_service")["findings"]
+    switch = run.phase("sglang_release")["findings"]
     assert switch["switched"] is True and switch["algorithm"] == "DDTREE" and switch["draft_tokens"] == 16
 
     training, serving = pivotlab.training_state(), pivotlab.serving_state()

@@ -36,7 +36,7 @@ def assert_rolled_back(run: pivotlab.PlaybookRun, before: pivotlab.Serving, rele
     assert run.rc != 0, run.summary()
     assert f"The switch to {release} failed:" in run.message and ROLLED_BACK in run.message, run.summary()
     assert run.report is not None and run.report["status"] == "failed"
-    switch = run.phase("switch_service", "pro6000")
+    switch = run.phase("sglang_release", "pro6000")
     assert switch["status"] == "failed" and ROLLED_BACK in " ".join(switch["error"].split())
     assert switch["findings"]["release"] == release and switch["findings"]["rolled_back_to"] == "nextn-baseline"
     after = pivotlab.serving_state()
@@ -55,10 +55,10 @@ def test_release_that_never_becomes_healthy_is_rolled_back(
                                 "pivot_ddtree_draft_tokens=8", f"pivot_serving_health_timeout={HEALTH_TIMEOUT_S}")
 
     assert_rolled_back(run, baseline, "ddtree-d8-b64-k8")
-    failure = " ".join(run.phase("switch_service")["findings"]["failure"].split())
+    failure = " ".join(run.phase("sglang_release")["findings"]["failure"].split())
     assert f"sglang.service did not become healthy within {HEALTH_TIMEOUT_S} s" in failure, failure
     assert "Its log ends:" in failure and "SafetensorError" in failure, failure  # the cause, from its log
     # The earlier phases ran (the preflight does not read weights), and nothing on the training side changed.
-    assert run.phase_names()[-5:] == ["release_venv", "release_prepare", "stop_training", "training_gpu_release",
-                                      "switch_service"]
+    assert run.phase_names()[-5:] == ["release_venv", "sglang_release_prepare", "stop_training", "gpu_release",
+                                      "sglang_release"]
     pivotlab.assert_training_untouched(no_training, pivotlab.training_state())

@@ -44,7 +44,7 @@ def test_pivot_then_rollback_resumes_training_from_the_pivots_checkpoint(
 
     rollback = pivotlab.run_playbook("rollback_nextn.yml", "resume_training_after_rollback=true")
     assert rollback.rc == 0, rollback.summary()
-    assert rollback.phase_names()[-2:] == ["rollback_to_baseline", "resume_training"], rollback.phase_names()
+    assert rollback.phase_names()[-2:] == ["sglang_release_rollback", "resume_training"], rollback.phase_names()
     resumed = rollback.phase("resume_training", "ct200")["findings"]
     assert resumed["checkpoint"] == checkpoint and resumed["started"], resumed
     assert resumed["first_step"] == step + 1, resumed

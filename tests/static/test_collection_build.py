@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = (
-    "plugins/modules/training_stop.py", "plugins/modules/gpu_memory.py", "plugins/modules/service_health.py",
+    "plugins/modules/stop_training.py", "plugins/modules/gpu_release.py", "plugins/modules/service_health.py",
     "plugins/filter/preflight_checks.py", "plugins/plugin_utils/ddtree_rules.py", "roles/release_venv/tasks/main.yml",
     "roles/sglang_release/files/check_server_args.py", "roles/preflight/meta/argument_specs.yml",
     "playbooks/pivot.yml", "playbooks/rollback_nextn.yml", "playbooks/vars/roles.yml",

@@ -45,7 +45,7 @@ MODEL_FLOATS = 2048  # 8 KiB of F32
 OPTIMIZER_BYTES = 16 * 1024
 # Each file is written in at least this many chunks, with a pause after each; a slow save gets more of them, so that
 # no pause is much longer than MAX_PAUSE_S. A real trainer's save streams its bytes: a watcher that polls every 0.5 s
-# (Pivot's training_stop) sees it grow at every poll, not only at one poll in three.
+# (Pivot's stop_training) sees it grow at every poll, not only at one poll in three.
 CHUNKS_PER_FILE = 8
 MAX_PAUSE_S = 0.1
 

@@ -41,6 +41,8 @@ def test_a_resume_that_logged_nothing_says_so_and_a_run_without_one_has_no_rows(
     summary = render([resume_phase(first_step=None, last_step=None, checkpoint_step=None)])
     assert "| first / last step logged since the start | - / - |" in summary
     assert "(step -)" in summary
-    rollback = {"phase": "rollback_to_baseline", "host": "pro6000", "status": "ok", "seconds": 1, "started": 1,
-                "findings": {"release": "nextn-baseline"}}
-    assert "training resumed" not in render([rollback], playbook="rollback_nextn")
+    rollback = {"phase": "sglang_release_rollback", "host": "pro6000", "status": "ok", "seconds": 1, "started": 1,
+                "findings": {"release": "nextn-baseline", "switched": True}}
+    rolled_back = render([rollback], playbook="rollback_nextn")
+    assert "training resumed" not in rolled_back
+    assert "| release | nextn-baseline (switched to it now) |" in rolled_back, "the rollback phase fills the release"

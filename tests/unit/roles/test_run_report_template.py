@@ -58,7 +58,7 @@ def test_a_checkpointed_stop_carries_no_warning() -> None:
 
 
 def switch_phase(findings: dict) -> dict:
-    return {"phase": "switch_service", "host": "pro6000", "status": "failed", "seconds": 80.0, "started": 2,
+    return {"phase": "sglang_release", "host": "pro6000", "status": "failed", "seconds": 80.0, "started": 2,
             "error": "The switch failed.", "findings": findings}
 
 

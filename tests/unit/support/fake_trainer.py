@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""A process tree that behaves like a training job, for the training_stop unit tests.
+"""A process tree that behaves like a training job, for the stop_training unit tests.
 
 Roles: ``single`` (one trainer process), ``agent`` (torchrun-like: workers in their own sessions, forwards SIGTERM,
 dies on SIGUSR1 like torchrun's agent), ``worker``, ``dataloader`` (a worker's child in the worker's session) and

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""A trainer for the training_resume unit tests: it resumes from ``--resume`` (the step in the checkpoint's
+"""A trainer for the resume_training unit tests: it resumes from ``--resume`` (the step in the checkpoint's
 ``trainer_state.json``) and appends ``step=N`` lines to ``--log`` every 20 ms.
 
 ``--scratch`` ignores the checkpoint and starts at step 0 (a resume flag the trainer does not understand);

@@ -53,7 +53,7 @@ def tree(tmp_path):
     procs = FakeProcTree(tmp_path / "proc")
     procs.add(1, 0, ["/sbin/init"])
     procs.add(50, 1, ["sshd: root"], sid=50)
-    procs.add(60, 50, ["python3", "AnsiballZ_training_stop.py"], sid=50)
+    procs.add(60, 50, ["python3", "AnsiballZ_stop_training.py"], sid=50)
     return procs
 
 

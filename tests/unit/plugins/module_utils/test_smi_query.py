@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The nvidia-smi runner against a fake module: finding the program, the compute-capability query (the GPU and
-process queries are tested through gpu_memory with the real captures), and failures worded once."""
+process queries are tested through gpu_release with the real captures), and failures worded once."""
 
 from __future__ import annotations
 

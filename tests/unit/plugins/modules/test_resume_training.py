@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""training_resume with real processes (tests/unit/support/resume_trainer.py, started by the module) and an
+"""resume_training with real processes (tests/unit/support/resume_trainer.py, started by the module) and an
 nvidia-smi double whose GPUs hold memory exactly while the test's trainer runs, as the driver's do."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import time
 import uuid
 
 import pytest
-from ansible_collections.pivot.ops.plugins.modules import training_resume
+from ansible_collections.pivot.ops.plugins.module_utils import state_dir
+from ansible_collections.pivot.ops.plugins.modules import resume_training
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
 UUIDS = ("GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111")
@@ -130,8 +131,8 @@ def world(tmp_path, monkeypatch):
             return world.smi(cmd)
         raise AssertionError(f"unexpected command {cmd}")
 
-    monkeypatch.setattr(training_resume.AnsibleModule, "run_command", run_command)
-    monkeypatch.setattr(training_resume.AnsibleModule, "get_bin_path",
+    monkeypatch.setattr(resume_training.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(resume_training.AnsibleModule, "get_bin_path",
                         lambda self, name, *a, **k: f"/usr/bin/{name}")
     world.calls = calls
     yield world
@@ -146,7 +147,7 @@ def read_record(world) -> dict:
 
 
 def test_resumes_from_the_checkpoint_and_waits_until_it_trains(run_module, world):
-    result = run_module(training_resume.main, world.args("--workers", "2"), diff=True)
+    result = run_module(resume_training.main, world.args("--workers", "2"), diff=True)
     assert result["failed"] is False, result["msg"]
     assert result["changed"] is True and result["launched"] is True and result["already_running"] is False
     assert result["first_step"] == STEP + 1 and result["last_step"] > STEP
@@ -169,7 +170,7 @@ def test_resumes_from_the_checkpoint_and_waits_until_it_trains(run_module, world
 
 def test_the_job_outlives_the_module_in_a_session_of_its_own(run_module, world):
     handler_before = signal.getsignal(signal.SIGHUP)
-    result = run_module(training_resume.main, world.args())
+    result = run_module(resume_training.main, world.args())
     assert result["failed"] is False, result["msg"]
     with open(f"/proc/{result['pid']}/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
@@ -181,10 +182,10 @@ def test_the_job_outlives_the_module_in_a_session_of_its_own(run_module, world):
 
 
 def test_a_second_run_finds_the_job_it_started_and_changes_nothing(run_module, world):
-    first = run_module(training_resume.main, world.args("--workers", "1"))
+    first = run_module(resume_training.main, world.args("--workers", "1"))
     assert first["failed"] is False, first["msg"]
     pids = world.job_pids()
-    second = run_module(training_resume.main, world.args("--workers", "1"), diff=True)
+    second = run_module(resume_training.main, world.args("--workers", "1"), diff=True)
     assert second["failed"] is False, second["msg"]
     assert second["changed"] is False and second["already_running"] is True and second["launched"] is False
     assert second["pid"] == first["pid"]
@@ -194,18 +195,36 @@ def test_a_second_run_finds_the_job_it_started_and_changes_nothing(run_module, w
 
 
 def test_check_mode_on_the_running_job_reports_it_without_a_change(run_module, world):
-    assert run_module(training_resume.main, world.args())["failed"] is False
-    checked = run_module(training_resume.main, world.args(), check_mode=True)
+    assert run_module(resume_training.main, world.args())["failed"] is False
+    checked = run_module(resume_training.main, world.args(), check_mode=True)
     assert checked["failed"] is False, checked["msg"]
     assert checked["changed"] is False and checked["already_running"] is True
     assert checked["msg"].endswith("Nothing to do.")
 
 
+def test_the_job_started_under_the_former_module_name_is_recognised_and_its_record_moved(
+    run_module, world, monkeypatch
+):
+    """A host that ran training_resume keeps its record in that module's directory: the renamed module adopts it."""
+    former = world.tmp_path / "training_resume"
+    monkeypatch.setattr(state_dir, "FORMER_STATE_DIRS", {str(world.state_dir): str(former)})
+    first = run_module(resume_training.main, world.args(state_dir=str(former)))
+    assert first["failed"] is False, first["msg"]
+    checked = run_module(resume_training.main, world.args(), check_mode=True)
+    assert checked["already_running"] is True and checked["changed"] is False, checked["msg"]
+    assert former.exists() and not world.state_dir.exists(), "check mode reads the record where it is"
+    second = run_module(resume_training.main, world.args())
+    assert second["failed"] is False, second["msg"]
+    assert second["changed"] is False and second["already_running"] is True and second["pid"] == first["pid"]
+    assert second["host_record"] == str(world.state_dir / "resume.json")
+    assert not former.exists() and read_record(world)["pid"] == first["pid"]
+
+
 def test_a_job_pivot_started_from_another_checkpoint_is_not_restarted(run_module, world):
-    assert run_module(training_resume.main, world.args())["failed"] is False
+    assert run_module(resume_training.main, world.args())["failed"] is False
     newer = world.save(STEP + 400)
     pids = world.job_pids()
-    result = run_module(training_resume.main, world.args(checkpoint=str(newer), checkpoint_size_bytes=None))
+    result = run_module(resume_training.main, world.args(checkpoint=str(newer), checkpoint_size_bytes=None))
     assert result["failed"] is True
     assert f"is running from checkpoint {world.checkpoint}, not from {newer}" in result["msg"]
     assert "stop the running job first" in result["msg"]
@@ -218,7 +237,7 @@ def test_a_job_pivot_started_from_another_checkpoint_is_not_restarted(run_module
 def test_a_job_pivot_did_not_start_is_refused_not_duplicated(run_module, world):
     world.start_by_hand()
     pids = world.job_pids()
-    result = run_module(training_resume.main, world.args())
+    result = run_module(resume_training.main, world.args())
     assert result["failed"] is True
     assert result["msg"].startswith(f"A training job is already running on this host that Pivot did not start: "
                                     f"PID {pids[0]} ")
@@ -229,14 +248,14 @@ def test_a_job_pivot_did_not_start_is_refused_not_duplicated(run_module, world):
 
 
 def test_a_job_started_by_hand_after_pivots_own_is_refused_naming_pivots(run_module, world):
-    first = run_module(training_resume.main, world.args())
+    first = run_module(resume_training.main, world.args())
     assert first["failed"] is False, first["msg"]
     os.kill(first["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 10
     while world.job_pids() and time.monotonic() < deadline:
         time.sleep(0.02)
     world.start_by_hand()
-    result = run_module(training_resume.main, world.args())
+    result = run_module(resume_training.main, world.args())
     assert result["failed"] is True
     assert f"(Pivot's last start on this host, run run-1 at {first['started_at']}, PID {first['pid']}, is not among " \
            "them.)" in result["msg"]
@@ -255,7 +274,7 @@ def test_a_checkpoint_that_is_gone_or_incomplete_refuses(run_module, world, dama
         (world.checkpoint / "COMPLETE").unlink()
     else:
         (world.checkpoint / "optimizer.pt").write_bytes(b"o")
-    result = run_module(training_resume.main, args)
+    result = run_module(resume_training.main, args)
     assert result["failed"] is True
     assert result["msg"].startswith(f"The checkpoint to resume from, {world.checkpoint}, {problem}")
     assert "Nothing was started." in result["msg"]
@@ -264,18 +283,18 @@ def test_a_checkpoint_that_is_gone_or_incomplete_refuses(run_module, world, dama
 
 def test_newer_checkpoints_refuse_unless_allowed(run_module, world):
     newer = world.save(STEP + 600)
-    result = run_module(training_resume.main, world.args())
+    result = run_module(resume_training.main, world.args())
     assert result["failed"] is True
     assert f"lie beside it: {newer}. Training ran after the stop that recorded it" in result["msg"]
     assert result["newer_checkpoints"] == [str(newer)]
     assert world.job_pids() == []
-    allowed = run_module(training_resume.main, world.args(allow_newer_checkpoints=True))
+    allowed = run_module(resume_training.main, world.args(allow_newer_checkpoints=True))
     assert allowed["failed"] is False, allowed["msg"]
 
 
 def test_gpus_still_held_refuse_naming_the_holder(run_module, world):
     world.holders.append((os.getpid(), "python3", 4096))
-    result = run_module(training_resume.main, world.args())
+    result = run_module(resume_training.main, world.args())
     assert result["failed"] is True
     assert result["msg"].startswith("The training GPUs are not free, so the job was not started: GPU 0 (NVIDIA H200) "
                                     f"uses 4105 MiB (limit 1024 MiB); compute processes: PID {os.getpid()} ")
@@ -285,7 +304,7 @@ def test_gpus_still_held_refuse_naming_the_holder(run_module, world):
 
 def test_gpus_held_by_an_allowed_process_do_not_refuse(run_module, world):
     world.holders.append((os.getpid(), "dcgm-exporter", 200))
-    result = run_module(training_resume.main, world.args(allowed_gpu_process_names=["dcgm-exporter"]))
+    result = run_module(resume_training.main, world.args(allowed_gpu_process_names=["dcgm-exporter"]))
     assert result["failed"] is False, result["msg"]
 
 
@@ -293,7 +312,7 @@ def test_a_step_the_checkpoint_does_not_know_cannot_be_passed(run_module, world)
     latest = world.checkpoints / "latest"
     args = world.args(checkpoint=str(latest), checkpoint_size_bytes=None, command=["run.sh", "--step", "{step}"])
     world.checkpoint.rename(latest)
-    result = run_module(training_resume.main, args)
+    result = run_module(resume_training.main, args)
     assert result["failed"] is True
     assert "uses {step}, but the step of checkpoint" in result["msg"]
 
@@ -302,7 +321,7 @@ def test_a_step_the_checkpoint_does_not_know_cannot_be_passed(run_module, world)
 
 
 def test_check_mode_makes_every_check_and_starts_nothing(run_module, world):
-    result = run_module(training_resume.main, world.args(), check_mode=True, diff=True)
+    result = run_module(resume_training.main, world.args(), check_mode=True, diff=True)
     assert result["failed"] is False, result["msg"]
     assert result["changed"] is True and result["launched"] is False
     assert result["msg"].startswith(f"Would start the training job from checkpoint {world.checkpoint} (step 400): "
@@ -314,13 +333,13 @@ def test_check_mode_makes_every_check_and_starts_nothing(run_module, world):
 
 def test_check_mode_reports_the_same_refusals(run_module, world):
     world.holders.append((os.getpid(), "python3", 4096))
-    result = run_module(training_resume.main, world.args(gpu_free_timeout=30), check_mode=True)
+    result = run_module(resume_training.main, world.args(gpu_free_timeout=30), check_mode=True)
     assert result["failed"] is True and "The training GPUs are not free" in result["msg"]
     assert result["timings"]["total"] < 10  # one reading: check mode does not wait
 
 
 def test_check_mode_with_systemd_run_shows_the_transient_unit(run_module, world):
-    result = run_module(training_resume.main, world.args(launcher="systemd-run", unit="dflash-training",
+    result = run_module(resume_training.main, world.args(launcher="systemd-run", unit="dflash-training",
                                                          environment={"NCCL_DEBUG": "WARN"}), check_mode=True)
     assert result["failed"] is False, result["msg"]
     command = result["launch_command"]
@@ -335,7 +354,7 @@ def test_check_mode_with_systemd_run_shows_the_transient_unit(run_module, world)
 
 
 def test_a_job_that_exits_fails_with_the_end_of_its_output(run_module, world):
-    result = run_module(training_resume.main, world.args("--die"))
+    result = run_module(resume_training.main, world.args("--die"))
     assert result["failed"] is True
     assert result["msg"].startswith(f"The training job started from {world.checkpoint} exited with status 3 before it "
                                     "trained: the job exited: no process of it is left.")
@@ -344,7 +363,7 @@ def test_a_job_that_exits_fails_with_the_end_of_its_output(run_module, world):
 
 
 def test_a_job_that_starts_over_is_stopped_again(run_module, world):
-    result = run_module(training_resume.main, world.args("--scratch", "--workers", "1"))
+    result = run_module(resume_training.main, world.args("--scratch", "--workers", "1"))
     assert result["failed"] is True
     assert "its first logged step is 1, not after the checkpoint's step 400" in result["msg"]
     assert "Pivot stopped it again." in result["msg"]
@@ -353,25 +372,25 @@ def test_a_job_that_starts_over_is_stopped_again(run_module, world):
 
 def test_a_template_that_does_not_name_the_checkpoint_is_warned_about(run_module, world):
     args = world.args(command=[sys.executable, world.trainer, "--log", str(world.log)])
-    result = run_module(training_resume.main, args)
+    result = run_module(resume_training.main, args)
     assert any("does not name the checkpoint" in warning for warning in result["warnings"])
     assert result["failed"] is True and "did not resume from the checkpoint" in result["msg"]
 
 
 def test_a_job_still_starting_at_the_timeout_is_left_running_and_recognised_next_time(run_module, world):
-    result = run_module(training_resume.main, world.args("--silent", timeout=0.5))
+    result = run_module(resume_training.main, world.args("--silent", timeout=0.5))
     assert result["failed"] is True
     assert "but it is not training after" in result["msg"] and "no step logged since the start" in result["msg"]
     assert "It was left running: run again to keep waiting" in result["msg"]
     pids = world.job_pids()
     assert result["pid"] in pids
-    again = run_module(training_resume.main, world.args("--silent", timeout=0.3))
+    again = run_module(resume_training.main, world.args("--silent", timeout=0.3))
     assert again["already_running"] is True and again["failed"] is True
     assert world.job_pids() == pids
 
 
 def test_a_command_that_cannot_run_says_so(run_module, world):
-    result = run_module(training_resume.main, world.args(command=[str(world.tmp_path / "missing.sh"), "{checkpoint}"]))
+    result = run_module(resume_training.main, world.args(command=[str(world.tmp_path / "missing.sh"), "{checkpoint}"]))
     assert result["failed"] is True
     assert result["msg"].startswith(f"Cannot start {world.tmp_path / 'missing.sh'} {world.checkpoint}: ")
     assert not (world.state_dir / "resume.json").exists()
@@ -379,16 +398,16 @@ def test_a_command_that_cannot_run_says_so(run_module, world):
 
 def test_the_result_reads_as_finished_to_async_status(run_module, world):
     """async_wrapper's status file holds ``started`` while a job runs; a final result must not have it."""
-    result = run_module(training_resume.main, world.args())
+    result = run_module(resume_training.main, world.args())
     assert result["failed"] is False, result["msg"]
     assert "started" not in result and result["launched"] is True
 
 
 def test_bad_inputs_fail_before_anything(run_module, world):
-    assert "command is empty" in run_module(training_resume.main, world.args(command=[]))["msg"]
+    assert "command is empty" in run_module(resume_training.main, world.args(command=[]))["msg"]
     assert "expect_processes must be at least 1" in run_module(
-        training_resume.main, world.args(expect_processes=0))["msg"]
-    result = run_module(training_resume.main, world.args(log_step_regex="step=("))
+        resume_training.main, world.args(expect_processes=0))["msg"]
+    result = run_module(resume_training.main, world.args(log_step_regex="step=("))
     assert "is not a valid regular expression" in result["msg"]
     assert world.job_pids() == []
 
@@ -457,13 +476,13 @@ def systemd(world, monkeypatch):
             return world.smi(cmd)
         return fake.run_command(cmd)
 
-    monkeypatch.setattr(training_resume.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(resume_training.AnsibleModule, "run_command", run_command)
     yield fake
     fake.close()
 
 
 def test_systemd_run_starts_the_job_as_a_transient_service(run_module, world, systemd):
-    result = run_module(training_resume.main, world.args(launcher="systemd-run", unit="dflash-training"))
+    result = run_module(resume_training.main, world.args(launcher="systemd-run", unit="dflash-training"))
     assert result["failed"] is False, result["msg"]
     assert result["pid"] == systemd.popens[0].pid and result["launched"] is True
     assert read_record(world)["unit"] == "dflash-training.service"
@@ -478,7 +497,7 @@ def test_systemd_run_starts_the_job_as_a_transient_service(run_module, world, sy
 
 def test_systemd_run_failing_starts_nothing_and_says_so(run_module, world, systemd):
     systemd.start_error = "Failed to start transient service unit: Unit dflash-training.service was already loaded."
-    result = run_module(training_resume.main, world.args(launcher="systemd-run", unit="dflash-training"))
+    result = run_module(resume_training.main, world.args(launcher="systemd-run", unit="dflash-training"))
     assert result["failed"] is True
     assert result["msg"] == (
         "systemd-run could not start dflash-training.service (exit 1): Failed to start transient service unit: Unit "
@@ -488,7 +507,7 @@ def test_systemd_run_failing_starts_nothing_and_says_so(run_module, world, syste
 
 def test_a_transient_service_that_exits_fails_with_the_end_of_its_journal(run_module, world, systemd):
     systemd.journal = ["error: cannot load the checkpoint (simulated)"]
-    result = run_module(training_resume.main, world.args("--die", launcher="systemd-run", unit="dflash-training",
+    result = run_module(resume_training.main, world.args("--die", launcher="systemd-run", unit="dflash-training",
                                                          output_file=None))
     assert result["failed"] is True
     assert result["msg"].startswith(f"The training job started from {world.checkpoint} exited before it trained")
@@ -498,16 +517,16 @@ def test_a_transient_service_that_exits_fails_with_the_end_of_its_journal(run_mo
 
 
 def test_a_transient_service_that_starts_over_is_stopped_through_systemd(run_module, world, systemd):
-    result = run_module(training_resume.main, world.args("--scratch", launcher="systemd-run", unit="dflash-training"))
+    result = run_module(resume_training.main, world.args("--scratch", launcher="systemd-run", unit="dflash-training"))
     assert result["failed"] is True and "Pivot stopped it again." in result["msg"]
     assert ["/usr/bin/systemctl", "stop", "dflash-training.service"] in world.calls
     assert world.job_pids() == []
 
 
 def test_without_systemd_run_nothing_is_started(run_module, world, systemd, monkeypatch):
-    monkeypatch.setattr(training_resume.AnsibleModule, "get_bin_path",
+    monkeypatch.setattr(resume_training.AnsibleModule, "get_bin_path",
                         lambda self, name, *a, **k: None if name == "systemd-run" else f"/usr/bin/{name}")
-    result = run_module(training_resume.main, world.args(launcher="systemd-run", unit="dflash-training"))
+    result = run_module(resume_training.main, world.args(launcher="systemd-run", unit="dflash-training"))
     assert result["failed"] is True
     assert result["msg"] == ("Unit dflash-training.service needs systemd-run, which is not on this host's PATH: run "
                              "the task on the host whose systemd manages the unit. Nothing was started.")

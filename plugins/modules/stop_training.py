@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: training_stop
+module: stop_training
 short_description: Stop a training job without losing its work
 version_added: 0.1.0
 description:
@@ -205,6 +205,9 @@ options:
         + O(kill_timeout) + 30 s, then fails naming the holder), and every stop that sent anything writes a record to
         C(<state_dir>/records/<UTC time>-<pid>.json) (see RV(host_record)).
       - Records stay until the controller imports and removes them (the C(stop_training) role does, on every run).
+      - When it is C(/var/lib/pivot/stop_training) and missing while C(/var/lib/pivot/training_stop) exists (where
+        this module kept its state under its former name, C(training_stop)), that directory, with its records, is
+        moved here first; refused, doing nothing, while a stop of that earlier Pivot still holds its lock.
     type: path
   heartbeat_file:
     description:
@@ -257,13 +260,13 @@ notes:
   - A training job started by hand under C(nohup) shares the session of its shell; the module does not signal that
     session as a whole, only the job's own processes and the process groups and sessions they lead.
 seealso:
-  - module: pivot.ops.gpu_memory
+  - module: pivot.ops.gpu_release
   - module: ansible.builtin.wait_for
 """
 
 EXAMPLES = r"""
 - name: Checkpoint on SIGUSR1, wait for a complete step_* directory, then stop the torchrun job
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     cmdline_match:
       - /root/train/run.sh
     match_env:
@@ -283,7 +286,7 @@ EXAMPLES = r"""
     msg: "Stopped at step {{ stopped.last_step }}, checkpoint {{ stopped.checkpoint.path }}"
 
 - name: Stop a job found through its pidfile, asking for a checkpoint with a trigger file
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     pidfile: /run/train.pid
     cmdline_match:
       - train_dflash_pipeline.py
@@ -295,16 +298,16 @@ EXAMPLES = r"""
       settle_seconds: 45       # no marker: complete once unchanged for 45 s, nothing open for writing
 
 - name: Start the stop on the host; it cancels itself if this controller goes away before SIGTERM
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     cmdline_match:
       - /root/train_dflash_pipeline.py
     checkpoint:
       path: /data/dflash/checkpoints
       glob: step_*
       timeout: 900
-    state_dir: /var/lib/pivot/training_stop
-    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
-    progress_file: /var/lib/pivot/training_stop/progress-1.json
+    state_dir: /var/lib/pivot/stop_training
+    heartbeat_file: /var/lib/pivot/stop_training/heartbeat-1
+    progress_file: /var/lib/pivot/stop_training/progress-1.json
   async: 1200
   poll: 0
   register: started
@@ -312,20 +315,20 @@ EXAMPLES = r"""
 - name: Watch it (the pivot.ops.progress callback prints each progress line)
   pivot.ops.async_watch:
     results_file: "{{ started.results_file }}"
-    heartbeat_file: /var/lib/pivot/training_stop/heartbeat-1
-    progress_file: /var/lib/pivot/training_stop/progress-1.json
+    heartbeat_file: /var/lib/pivot/stop_training/heartbeat-1
+    progress_file: /var/lib/pivot/stop_training/progress-1.json
   register: watched
   until: watched.finished
   retries: 250
   delay: 5
 
 - name: Stop a systemd-managed trainer without any checkpoint request
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     unit: trainer.service
     grace_period: 45
 
 - name: Preview what would be signalled
-  pivot.ops.training_stop:
+  pivot.ops.stop_training:
     cmdline_match:
       - train_dflash_pipeline.py
     max_roots: 1
@@ -508,7 +511,7 @@ host_record:
       C(sigkill_needed), C(remaining), C(committed_at), C(job) (C(selector) and C(processes)) and C(log_file).
   returned: always
   type: str
-  sample: /var/lib/pivot/training_stop/records/20261130T153401Z-4242.json
+  sample: /var/lib/pivot/stop_training/records/20261130T153401Z-4242.json
 candidates:
   description: The processes involved when the selection was refused (ambiguous match, PID 1, an ancestor).
   returned: failure
@@ -548,6 +551,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.progress import (
     read_json,
     waited_text,
 )
+from ansible_collections.pivot.ops.plugins.module_utils.state_dir import adopt_former_state_dir, former_state_dir
 from ansible_collections.pivot.ops.plugins.module_utils.stop_record import (
     CANCELLED,
     FAILED,
@@ -634,7 +638,11 @@ class TrainingStop:
             self.params["progress_file"] if live else None,
             identity={"run_id": self.params["run_id"], "started_at": self.started_utc},
         )
-        self.lock = HostLock(self.params["state_dir"]) if self.params["state_dir"] else None
+        # A host's directory of this module's former name becomes state_dir (see prepare_state); check mode looks
+        # at the lock where it still is.
+        self.former_state_dir = former_state_dir(self.params["state_dir"])
+        lock_dir = self.former_state_dir if module.check_mode and self.former_state_dir else self.params["state_dir"]
+        self.lock = HostLock(lock_dir) if lock_dir else None
         self.systemd = SystemdUnit(module, self.params["unit"]) if self.params["unit"] else None
 
     # --- helpers ------------------------------------------------------------------------------------------------
@@ -768,6 +776,7 @@ class TrainingStop:
         """Create state_dir and refresh the heartbeat once, so the controller has heartbeat_timeout for its first
         poll."""
         if self.params["state_dir"]:
+            self.adopt_former_state_dir()
             try:
                 ensure_state_dir(self.params["state_dir"])
             except OSError as exc:
@@ -779,6 +788,28 @@ class TrainingStop:
         except OSError as exc:
             self.fail("Cannot write heartbeat_file %s: %s. Its directory must exist and be writable."
                       % (self.params["heartbeat_file"], exc))
+
+    def adopt_former_state_dir(self) -> None:
+        """Move the host's directory of this module's former name (training_stop) to state_dir, with the records no
+        run has imported yet; refused while a stop of that earlier Pivot still holds its lock there."""
+        former, state_dir = self.former_state_dir, self.params["state_dir"]
+        if former is None:
+            return
+        holder = HostLock(former).held_by()
+        if holder is not None:
+            self.lock = None  # not ours: no record, nothing to release
+            self.fail(
+                "A training stop of an earlier Pivot, from before this module was renamed, is still running on this "
+                "host (%s; its state is in %s). Nothing was done. Let it finish (%s), then run again: %s is then moved "
+                "to %s and the stop's record imported." % (describe_holder(holder), former, holder_progress(holder),
+                                                           former, state_dir)
+            )
+        try:
+            adopt_former_state_dir(state_dir, former)
+        except OSError as exc:
+            self.lock = None
+            self.fail("Cannot move %s, where an earlier Pivot kept this module's state, to %s: %s. Move it there by "
+                      "hand. Nothing was done." % (former, state_dir, exc))
 
     def take_host_lock(self) -> None:
         if self.lock is None:
@@ -885,7 +916,7 @@ class TrainingStop:
             trigger = self.checkpoint_params["trigger_file"]
             try:
                 with open(trigger, "w") as handle:
-                    handle.write("checkpoint requested by pivot.ops.training_stop at %s\n" % utc_now())
+                    handle.write("checkpoint requested by pivot.ops.stop_training at %s\n" % utc_now())
             except OSError as exc:
                 self.refuse_or_force("Cannot create checkpoint trigger file %s: %s." % (trigger, exc))
                 return False

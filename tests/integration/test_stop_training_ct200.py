@@ -1,4 +1,4 @@
-"""pivot.ops.training_stop and pivot.ops.gpu_memory on ct200, reached the production way: paramiko to the Proxmox node,
+"""pivot.ops.stop_training and pivot.ops.gpu_release on ct200, reached the production way: paramiko to the Proxmox node,
 then `pct exec 200 -- ...` (community.proxmox.proxmox_pct_remote). Each test starts its own training job with the
 lab's simulator and leaves ct200 quiet again."""
 
@@ -292,7 +292,7 @@ def test_orphan_holding_gpu_memory_makes_the_release_check_fail(start_job: Start
     # Following the hint frees the GPU.
     assert labctl.pct_exec(["kill", str(orphan["pid"])]).rc == 0
     after = run_playbook(
-        "gpu_memory.yml",
+        "gpu_release.yml",
         {"target": HOST, "gpu_state": "released", "gpu_indexes": [7], "release_timeout": 5,
          "release_poll_interval": 0.2},
     )

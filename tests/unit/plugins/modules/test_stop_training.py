@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""training_stop run end to end in-process against real fake-trainer process trees."""
+"""stop_training run end to end in-process against real fake-trainer process trees."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import re
 import time
 
 import pytest
+from ansible_collections.pivot.ops.plugins.module_utils import state_dir
 from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import STATE_PROPERTIES
-from ansible_collections.pivot.ops.plugins.modules import training_stop
+from ansible_collections.pivot.ops.plugins.modules import stop_training
 
 FAST = {"poll_interval": 0.05, "grace_period": 3, "kill_timeout": 5}
 
@@ -41,7 +42,7 @@ def signals_of(result: dict, pid: int) -> list:
 def test_cooperative_job_checkpoints_then_stops(run_module, trainers, tmp_path, alive):
     popen = trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(
             FAST,
             cmdline_match=select(trainers),
@@ -65,7 +66,7 @@ def test_cooperative_job_checkpoints_then_stops(run_module, trainers, tmp_path, 
     assert set(result["timings"]) >= {"discover", "checkpoint", "sigterm", "sigkill", "total"}
     assert not alive(popen.pid)
 
-    second = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers)))
+    second = run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers)))
     assert second["failed"] is False
     assert second["changed"] is False
     assert "No process of the job is running" in second["msg"]
@@ -73,7 +74,7 @@ def test_cooperative_job_checkpoints_then_stops(run_module, trainers, tmp_path, 
 
 def test_job_ignoring_sigterm_is_killed_after_grace(run_module, trainers, tmp_path, alive):
     popen = trainers.start("single", "--ignore-term")
-    result = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers), grace_period=0.5))
+    result = run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers), grace_period=0.5))
     assert result["failed"] is False, result["msg"]
     assert result["sigkill_needed"] is True
     assert signals_of(result, popen.pid) == ["SIGTERM", "SIGKILL"]
@@ -86,7 +87,7 @@ def test_checkpoint_that_never_lands_leaves_job_running(run_module, trainers, tm
     (tmp_path / "ckpt").mkdir()
     popen = trainers.start("single", "--checkpoint", "signal")  # no --ckpt-dir: it never saves
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path, timeout=0.5)),
     )
     assert result["failed"] is True
@@ -101,7 +102,7 @@ def test_checkpoint_timeout_with_force_stops_anyway(run_module, trainers, tmp_pa
     popen = trainers.start("single", "--checkpoint", "signal")
     (tmp_path / "ckpt").mkdir()
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers), force=True, checkpoint=checkpoint_opts(tmp_path, timeout=0.3)),
     )
     assert result["failed"] is False, result["msg"]
@@ -124,7 +125,7 @@ def test_a_forced_stop_says_which_checkpoint_to_resume_from_and_how_many_steps_a
     log.write_text("".join(f"[1m] step={step} loss=0.5\n" for step in range(5000, 5382)))
     popen = trainers.start("single", "--checkpoint", "signal")
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers), force=True, log_file=str(log),
              checkpoint=checkpoint_opts(tmp_path, timeout=0.3)),
     )
@@ -143,7 +144,7 @@ def test_a_forced_stop_says_which_checkpoint_to_resume_from_and_how_many_steps_a
 def test_a_stop_that_was_not_forced_reports_no_lost_work(run_module, trainers, tmp_path):
     trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers), force=True, checkpoint=checkpoint_opts(tmp_path)),
     )
     assert result["failed"] is False, result["msg"]
@@ -154,7 +155,7 @@ def test_a_stop_that_was_not_forced_reports_no_lost_work(run_module, trainers, t
 def test_slow_checkpoint_within_timeout(run_module, trainers, tmp_path):
     trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal", "--ckpt-delay", "1.0"))
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path, timeout=8)),
     )
     assert result["failed"] is False, result["msg"]
@@ -166,7 +167,7 @@ def test_stable_size_completion_without_marker(run_module, trainers, tmp_path):
     trainers.start("single", "--checkpoint", "signal", "--ckpt-dir", str(tmp_path / "ckpt"))
     (tmp_path / "ckpt").mkdir()
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(
             FAST,
             cmdline_match=select(trainers),
@@ -181,7 +182,7 @@ def test_trigger_file_request_and_cleanup(run_module, trainers, tmp_path):
     trigger = tmp_path / "SAVE_NOW"
     trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "file", "--trigger", str(trigger)))
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(
             FAST,
             cmdline_match=select(trainers),
@@ -203,7 +204,7 @@ def test_torchrun_like_job_with_workers_in_own_sessions(run_module, trainers, tm
     agent = trainers.ready("agent")[0]
     workers = trainers.ready("worker")
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(
             FAST,
             cmdline_match=select(trainers, "agent"),
@@ -231,7 +232,7 @@ def test_orphans_reparented_during_stop_are_still_killed(run_module, trainers, t
     else:
         trainers.start("agent", *options, ready=5)
     dataloaders = trainers.ready("dataloader")
-    result = run_module(training_stop.main, dict(FAST, grace_period=0.8, cmdline_match=select(trainers, "agent")))
+    result = run_module(stop_training.main, dict(FAST, grace_period=0.8, cmdline_match=select(trainers, "agent")))
     assert result["failed"] is False, result["msg"]
     assert result["sigkill_needed"] is True
     for pid in dataloaders:
@@ -250,7 +251,7 @@ def test_orphaned_workers_found_by_fixed_environment_value(run_module, trainers,
     while alive(agent) and time.monotonic() < deadline:
         time.sleep(0.02)
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers, "agent"), match_env=["TORCHELASTIC_RUN_ID=run-" + trainers.token]),
     )
     assert result["failed"] is False, result["msg"]
@@ -263,7 +264,7 @@ def test_check_mode_sends_nothing_and_creates_nothing(run_module, trainers, tmp_
     trigger = tmp_path / "SAVE_NOW"
     popen = trainers.start("single", "--checkpoint", "file", "--trigger", str(trigger))
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(
             FAST,
             cmdline_match=select(trainers),
@@ -284,11 +285,11 @@ def test_check_mode_sends_nothing_and_creates_nothing(run_module, trainers, tmp_
 
 
 def test_nothing_running_is_unchanged(run_module, tmp_path):
-    missing = run_module(training_stop.main, dict(FAST, pidfile=str(tmp_path / "none.pid")))
+    missing = run_module(stop_training.main, dict(FAST, pidfile=str(tmp_path / "none.pid")))
     assert missing["failed"] is False
     assert missing["changed"] is False
     assert "does not exist" in missing["msg"]
-    no_match = run_module(training_stop.main, dict(FAST, cmdline_match=["pivot-unit-no-such-process"]))
+    no_match = run_module(stop_training.main, dict(FAST, cmdline_match=["pivot-unit-no-such-process"]))
     assert no_match["changed"] is False
     assert no_match["pids"] == []
 
@@ -298,11 +299,11 @@ def test_pidfile_job_and_recycled_pid(run_module, trainers, tmp_path, alive):
     pidfile = tmp_path / "train.pid"
     # A pidfile naming an unrelated live process (PID recycled) is stale when cmdline_match disagrees.
     pidfile.write_text(f"{os.getppid()}\n")
-    stale = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
+    stale = run_module(stop_training.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
     assert stale["changed"] is False
     assert "stale" in stale["msg"]
     pidfile.write_text(f"{popen.pid}\n")
-    result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
+    result = run_module(stop_training.main, dict(FAST, pidfile=str(pidfile), cmdline_match=select(trainers)))
     assert result["failed"] is False, result["msg"]
     assert not alive(popen.pid)
 
@@ -310,7 +311,7 @@ def test_pidfile_job_and_recycled_pid(run_module, trainers, tmp_path, alive):
 def test_pidfile_with_garbage_fails(run_module, tmp_path):
     pidfile = tmp_path / "train.pid"
     pidfile.write_text("not a pid\n")
-    result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile)))
+    result = run_module(stop_training.main, dict(FAST, pidfile=str(pidfile)))
     assert result["failed"] is True
     assert "does not contain a PID" in result["msg"]
 
@@ -320,7 +321,7 @@ def test_refuses_pid1_and_own_ancestors(run_module, tmp_path, target):
     pid = {"pid1": 1, "self": os.getpid(), "parent": os.getppid()}[target]
     pidfile = tmp_path / "train.pid"
     pidfile.write_text(f"{pid}\n")
-    result = run_module(training_stop.main, dict(FAST, pidfile=str(pidfile)))
+    result = run_module(stop_training.main, dict(FAST, pidfile=str(pidfile)))
     assert result["failed"] is True
     assert "Refusing to act" in result["msg"]
     assert [candidate["pid"] for candidate in result["candidates"]] == [pid]
@@ -329,21 +330,21 @@ def test_refuses_pid1_and_own_ancestors(run_module, tmp_path, target):
 def test_ambiguous_match_lists_candidates(run_module, trainers, alive):
     first = trainers.start("single")
     second = trainers.start("single", ready=2)
-    result = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers)))
+    result = run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers)))
     assert result["failed"] is True
     assert "ambiguous" in result["msg"]
     assert sorted(candidate["pid"] for candidate in result["candidates"]) == sorted([first.pid, second.pid])
     for popen in (first, second):
         assert f"PID {popen.pid}: " in result["msg"]
         assert alive(popen.pid)
-    both = run_module(training_stop.main, dict(FAST, cmdline_match=select(trainers), max_roots=2))
+    both = run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers), max_roots=2))
     assert both["failed"] is False, both["msg"]
     assert not alive(first.pid) and not alive(second.pid)
 
 
 def test_cmdline_match_is_exact_not_substring(run_module, trainers, alive):
     popen = trainers.start("single")
-    result = run_module(training_stop.main, dict(FAST, cmdline_match=[trainers.token[:-1], "single"]))
+    result = run_module(stop_training.main, dict(FAST, cmdline_match=[trainers.token[:-1], "single"]))
     assert result["changed"] is False
     assert alive(popen.pid)
 
@@ -352,7 +353,7 @@ def test_signal_without_handler_fails_before_anything_is_sent(run_module, traine
     popen = trainers.start("single")  # no SIGUSR1 handler: SIGUSR1 would kill it
     (tmp_path / "ckpt").mkdir()
     result = run_module(
-        training_stop.main, dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path))
+        stop_training.main, dict(FAST, cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path))
     )
     assert result["failed"] is True
     assert "No process of the job has a handler for SIGUSR1" in result["msg"]
@@ -363,7 +364,7 @@ def test_signal_without_handler_fails_before_anything_is_sent(run_module, traine
 def test_invalid_regex_fails_before_signalling(run_module, trainers, tmp_path, alive):
     popen = trainers.start("single")
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers), log_file=str(tmp_path / "x.log"), log_step_regex="step=(\\d+"),
     )
     assert result["failed"] is True
@@ -384,16 +385,16 @@ def test_unit_selection_uses_systemctl_and_cgroup(run_module, monkeypatch, tmp_p
         (proc / str(pid) / "stat").write_text(stat)
         (proc / str(pid) / "cmdline").write_bytes(b"python3\0train.py\0")
         (proc / str(pid) / "cgroup").write_text(cgroup)
-    monkeypatch.setattr(training_stop, "PROC_ROOT", str(proc))
-    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
+    monkeypatch.setattr(stop_training, "PROC_ROOT", str(proc))
+    monkeypatch.setattr(stop_training.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
     calls = []
 
     def fake_run(self, cmd, **kwargs):
         calls.append(cmd)
         return 0, "MainPID=500\nControlGroup=/system.slice/trainer.service\nActiveState=active\nLoadState=loaded\n", ""
 
-    monkeypatch.setattr(training_stop.AnsibleModule, "run_command", fake_run)
-    result = run_module(training_stop.main, dict(FAST, unit="trainer.service"), check_mode=True)
+    monkeypatch.setattr(stop_training.AnsibleModule, "run_command", fake_run)
+    result = run_module(stop_training.main, dict(FAST, unit="trainer.service"), check_mode=True)
     assert result["failed"] is False, result["msg"]
     assert sorted(entry["pid"] for entry in result["pids"]) == [500, 501]
     assert "systemctl stop trainer.service" in result["planned"]
@@ -404,18 +405,18 @@ def test_unit_selection_uses_systemctl_and_cgroup(run_module, monkeypatch, tmp_p
 
 
 def test_unknown_unit_fails(run_module, monkeypatch):
-    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
+    monkeypatch.setattr(stop_training.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
     monkeypatch.setattr(
-        training_stop.AnsibleModule, "run_command", lambda self, cmd, **k: (0, "MainPID=0\nLoadState=not-found\n", "")
+        stop_training.AnsibleModule, "run_command", lambda self, cmd, **k: (0, "MainPID=0\nLoadState=not-found\n", "")
     )
-    result = run_module(training_stop.main, dict(FAST, unit="typo.service"))
+    result = run_module(stop_training.main, dict(FAST, unit="typo.service"))
     assert result["failed"] is True
     assert "does not exist" in result["msg"]
 
 
 def test_without_systemctl_a_unit_cannot_be_selected(run_module, monkeypatch):
-    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: None)
-    result = run_module(training_stop.main, dict(FAST, unit="trainer.service"))
+    monkeypatch.setattr(stop_training.AnsibleModule, "get_bin_path", lambda self, *a, **k: None)
+    result = run_module(stop_training.main, dict(FAST, unit="trainer.service"))
     assert result["failed"] is True
     assert result["msg"] == ("Unit trainer.service needs systemctl, which is not on this host's PATH: run the task on "
                              "the host whose systemd manages the unit. On a host without systemd, select the job with "
@@ -432,8 +433,8 @@ def test_a_failing_systemctl_stop_fails_before_any_signal(run_module, monkeypatc
         f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1500 0 0\n")
     (tmp_path / "proc" / str(pid) / "cmdline").write_bytes(b"python3\0train.py\0")
     (tmp_path / "proc" / str(pid) / "cgroup").write_text("0::/system.slice/trainer.service\n")
-    monkeypatch.setattr(training_stop, "PROC_ROOT", str(tmp_path / "proc"))
-    monkeypatch.setattr(training_stop.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
+    monkeypatch.setattr(stop_training, "PROC_ROOT", str(tmp_path / "proc"))
+    monkeypatch.setattr(stop_training.AnsibleModule, "get_bin_path", lambda self, *a, **k: "/bin/systemctl")
     calls = []
 
     def fake_run(self, cmd, **kwargs):
@@ -442,8 +443,8 @@ def test_a_failing_systemctl_stop_fails_before_any_signal(run_module, monkeypatc
             return 1, "", "Failed to stop trainer.service: Access denied"
         return 0, f"MainPID={pid}\nControlGroup=/system.slice/trainer.service\nLoadState=loaded\n", ""
 
-    monkeypatch.setattr(training_stop.AnsibleModule, "run_command", fake_run)
-    result = run_module(training_stop.main, dict(FAST, unit="trainer.service"))
+    monkeypatch.setattr(stop_training.AnsibleModule, "run_command", fake_run)
+    result = run_module(stop_training.main, dict(FAST, unit="trainer.service"))
     assert result["failed"] is True
     assert result["msg"] == ("systemctl stop trainer.service failed (exit 1): Failed to stop trainer.service: Access "
                              "denied. See 'systemctl status trainer.service' on this host.")
@@ -451,13 +452,13 @@ def test_a_failing_systemctl_stop_fails_before_any_signal(run_module, monkeypatc
 
 
 def test_argument_validation(run_module):
-    neither = run_module(training_stop.main, {})
+    neither = run_module(stop_training.main, {})
     assert neither["failed"] is True
     assert "one of the following is required" in neither["msg"]
-    missing_path = run_module(training_stop.main, {"cmdline_match": ["x"], "checkpoint": {"request": "signal"}})
+    missing_path = run_module(stop_training.main, {"cmdline_match": ["x"], "checkpoint": {"request": "signal"}})
     assert missing_path["failed"] is True
     assert "path" in missing_path["msg"]
-    negative = run_module(training_stop.main, {"cmdline_match": ["x"], "grace_period": -1})
+    negative = run_module(stop_training.main, {"cmdline_match": ["x"], "grace_period": -1})
     assert negative["failed"] is True
     assert "grace_period" in negative["msg"]
 
@@ -488,7 +489,7 @@ def controller_gone(monkeypatch):
             pass
         os.utime(self.path, (1, 1))
 
-    monkeypatch.setattr(training_stop.Heartbeat, "touch", stale_touch)
+    monkeypatch.setattr(stop_training.Heartbeat, "touch", stale_touch)
 
 
 def test_a_stop_whose_controller_went_away_before_sigterm_is_cancelled(
@@ -498,7 +499,7 @@ def test_a_stop_whose_controller_went_away_before_sigterm_is_cancelled(
     popen = trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "file", "--trigger", str(trigger),
                                                    "--ckpt-delay", "30"))
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
              checkpoint=checkpoint_opts(tmp_path, request="file", trigger_file=str(trigger))),
     )
@@ -523,7 +524,7 @@ def test_a_cancelled_stop_says_a_checkpoint_request_was_already_sent(
     popen = trainers.start("single", "--checkpoint", "signal")  # never saves
     (tmp_path / "ckpt").mkdir()
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path)),
     )
     assert result["cancelled"] is True
@@ -537,15 +538,15 @@ def test_a_stop_whose_controller_went_away_after_sigterm_completes_and_says_so(
 ):
     """The controller is interrupted right after the first SIGTERM: the stop goes on to SIGKILL and records itself."""
     heartbeat = tmp_path / "state" / "session-1.heartbeat"
-    commit_to = training_stop.TrainingStop.commit_to
+    commit_to = stop_training.TrainingStop.commit_to
 
     def commit_then_lose_the_controller(self, what):
         commit_to(self, what)
         os.utime(heartbeat, (1, 1))
 
-    monkeypatch.setattr(training_stop.TrainingStop, "commit_to", commit_then_lose_the_controller)
+    monkeypatch.setattr(stop_training.TrainingStop, "commit_to", commit_then_lose_the_controller)
     popen = trainers.start("single", "--ignore-term")
-    result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
+    result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
                                                  grace_period=0.3))
     assert result["failed"] is False, result["msg"]
     assert not alive(popen.pid)
@@ -560,7 +561,7 @@ def test_a_watched_stop_records_itself_on_the_host(run_module, trainers, tmp_pat
     trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
     log = tmp_path / "train.log"
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path),
              log_file=str(log)),
     )
@@ -577,7 +578,7 @@ def test_a_watched_stop_records_itself_on_the_host(run_module, trainers, tmp_pat
 
 
 def test_nothing_to_stop_leaves_no_record(run_module, tmp_path):
-    result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=["pivot-unit-none"]))
+    result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=["pivot-unit-none"]))
     assert result["changed"] is False and result["host_record"] is None
     assert os.listdir(tmp_path / "state" / "records") == []
 
@@ -586,17 +587,17 @@ def test_a_stop_waits_for_the_lock_of_an_earlier_one_and_then_refuses(
     run_module, trainers, tmp_path, alive, monkeypatch
 ):
     """An earlier stop still holds the host: the new one waits (limit forced to 0 here) and fails naming it."""
-    monkeypatch.setattr(training_stop, "LOCK_WAIT_MARGIN", 0.0)
+    monkeypatch.setattr(stop_training, "LOCK_WAIT_MARGIN", 0.0)
     popen = trainers.start("single")
     state = tmp_path / "state"
     os.makedirs(state / "records")
     progress = state / "session-0.progress.json"
     progress.write_text(json.dumps({"line": "SIGTERM sent: waiting for the job to exit, 12 s of 60"}))
-    earlier = training_stop.HostLock(str(state))
+    earlier = stop_training.HostLock(str(state))
     earlier.try_acquire({"pid": 4242, "run_id": "run-6", "started_at": "2026-11-30T15:34:01Z",
                          "progress_file": str(progress)})
     try:
-        result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path, heartbeat_timeout=0),
+        result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path, heartbeat_timeout=0),
                                                      grace_period=0, kill_timeout=0, cmdline_match=select(trainers)))
     finally:
         earlier.release()
@@ -608,14 +609,63 @@ def test_a_stop_waits_for_the_lock_of_an_earlier_one_and_then_refuses(
     assert alive(popen.pid)
 
 
+@pytest.fixture
+def former_state(tmp_path, monkeypatch):
+    """The host ran training_stop: its directory holds a record no run imported yet (and the lock file)."""
+    former = tmp_path / "training_stop"
+    monkeypatch.setattr(state_dir, "FORMER_STATE_DIRS", {str(tmp_path / "state"): str(former)})
+    os.makedirs(former / "records")
+    (former / "records" / "20261130T153401Z-4242.json").write_text(json.dumps({"outcome": "stopped"}))
+    (former / "lock").write_text("")
+    return former
+
+
+def test_the_state_dir_of_the_former_module_name_is_moved_with_its_records(
+    run_module, trainers, tmp_path, former_state
+):
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
+    result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
+                                                 checkpoint=checkpoint_opts(tmp_path)))
+    assert result["failed"] is False, result["msg"]
+    state = tmp_path / "state"
+    assert not former_state.exists()
+    assert sorted(os.listdir(state / "records")) == sorted(
+        ["20261130T153401Z-4242.json", os.path.basename(result["host_record"])]
+    ), "the earlier record waits beside this stop's for the role to import both"
+
+
+def test_a_stop_of_the_former_module_still_running_is_waited_for_not_moved_away(
+    run_module, trainers, tmp_path, alive, former_state
+):
+    popen = trainers.start("single")
+    earlier = stop_training.HostLock(str(former_state))
+    earlier.try_acquire({"pid": 4242, "run_id": "run-6", "started_at": "2026-11-30T15:34:01Z"})
+    try:
+        result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers)))
+        checked = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers)),
+                             check_mode=True)
+    finally:
+        earlier.release()
+    assert result["failed"] is True
+    assert result["msg"].startswith("A training stop of an earlier Pivot, from before this module was renamed, is "
+                                    "still running on this host (PID 4242, run run-6, started 2026-11-30T15:34:01Z; "
+                                    f"its state is in {former_state}). Nothing was done.")
+    assert result["signals"] == [] and result["pids"] == [] and result["host_record"] is None
+    assert alive(popen.pid)
+    assert former_state.exists() and not (tmp_path / "state").exists()
+    assert checked["failed"] is False, checked["msg"]
+    assert checked["planned"][0] == ("wait for the earlier stop still running on this host "
+                                     "(PID 4242, run run-6, started 2026-11-30T15:34:01Z)")
+
+
 def test_check_mode_names_an_earlier_stop_that_holds_the_host(run_module, trainers, tmp_path):
     trainers.start("single")
     state = tmp_path / "state"
     os.makedirs(state)
-    earlier = training_stop.HostLock(str(state))
+    earlier = stop_training.HostLock(str(state))
     earlier.try_acquire({"pid": 4242, "run_id": "run-6", "started_at": "2026-11-30T15:34:01Z"})
     try:
-        result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers)),
+        result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers)),
                             check_mode=True)
     finally:
         earlier.release()
@@ -628,15 +678,15 @@ def test_check_mode_names_an_earlier_stop_that_holds_the_host(run_module, traine
 
 def test_progress_lines_tell_the_checkpoint_wait_and_the_sigterm_wait(run_module, trainers, tmp_path, monkeypatch):
     lines = []
-    update = training_stop.ProgressFile.update
+    update = stop_training.ProgressFile.update
 
     def keep(self, stage, line):
         lines.append((stage, line))
         update(self, stage, line)
 
-    monkeypatch.setattr(training_stop.ProgressFile, "update", keep)
+    monkeypatch.setattr(stop_training.ProgressFile, "update", keep)
     trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal", "--ignore-term"))
-    result = run_module(training_stop.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
+    result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
                                                  grace_period=0.3, checkpoint=checkpoint_opts(tmp_path)))
     assert result["failed"] is False, result["msg"]
     stages = [stage for stage, _line in lines]
@@ -655,7 +705,7 @@ def test_without_a_marker_a_job_that_dies_while_saving_is_not_trusted(run_module
     popen = trainers.start("single", "--checkpoint", "signal", "--ckpt-dir", str(tmp_path / "ckpt"),
                            "--die-while-saving")
     result = run_module(
-        training_stop.main,
+        stop_training.main,
         dict(FAST, cmdline_match=select(trainers),
              checkpoint={"path": str(tmp_path / "ckpt"), "glob": "step_*", "settle_seconds": 0.2, "timeout": 20}),
     )

@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: training_resume
+module: resume_training
 short_description: Restart a training job from a checkpoint and wait until it really trains
 version_added: 0.1.0
 description:
-  - Looks for the training job with the same selector M(pivot.ops.training_stop) uses (O(job)). When a job runs that
+  - Looks for the training job with the same selector M(pivot.ops.stop_training) uses (O(job)). When a job runs that
     this module started (per its record in O(state_dir)) from the same checkpoint, nothing is started (no change) and
     the module confirms it trains. When a job runs that it did not start, the task fails naming it and starts nothing,
     so there are never two trainers.
@@ -118,12 +118,12 @@ options:
     type: path
   job:
     description:
-      - How to find the training job, as M(pivot.ops.training_stop) takes it.
+      - How to find the training job, as M(pivot.ops.stop_training) takes it.
     type: dict
     required: true
     suboptions:
       cmdline_match:
-        description: Command-line elements that must each match one argv element (see M(pivot.ops.training_stop)).
+        description: Command-line elements that must each match one argv element (see M(pivot.ops.stop_training)).
         type: list
         elements: str
       pidfile:
@@ -201,8 +201,11 @@ options:
   state_dir:
     description:
       - Directory on the host for the record of the job this module started (C(resume.json)), created root-only.
+      - When it is the default and missing while C(/var/lib/pivot/training_resume) exists (where this module kept its
+        state under its former name, C(training_resume)), that directory is moved here first; check mode reads it
+        where it is.
     type: path
-    default: /var/lib/pivot/training_resume
+    default: /var/lib/pivot/resume_training
   progress_file:
     description:
       - File the module rewrites with one line of progress, for M(pivot.ops.async_watch). Removed when it ends.
@@ -216,13 +219,13 @@ notes:
   - The job is found before anything else, so a job that runs is never duplicated, whatever the checkpoint says.
   - The GPUs must be free before the start; the serving host is another host, so nothing there is waited for.
 seealso:
-  - module: pivot.ops.training_stop
-  - module: pivot.ops.gpu_memory
+  - module: pivot.ops.stop_training
+  - module: pivot.ops.gpu_release
 """
 
 EXAMPLES = r"""
 - name: Resume from the checkpoint the stop confirmed, under run.sh, and wait until it trains
-  pivot.ops.training_resume:
+  pivot.ops.resume_training:
     checkpoint: /data/dflash/checkpoints/step_000005400
     checkpoint_size_bytes: 1048576
     checkpoint_marker: COMPLETE
@@ -238,7 +241,7 @@ EXAMPLES = r"""
     timeout: 1800
 
 - name: Resume as a transient systemd service, passing the step
-  pivot.ops.training_resume:
+  pivot.ops.resume_training:
     checkpoint: /data/ckpt/checkpoint-5400
     command: [/usr/bin/python3, -u, /root/train_dflash_pipeline.py, --resume-step, "{step}"]
     launcher: systemd-run
@@ -248,7 +251,7 @@ EXAMPLES = r"""
     log_file: /root/train/train.log
 
 - name: Preview the resume
-  pivot.ops.training_resume:
+  pivot.ops.resume_training:
     checkpoint: /data/dflash/checkpoints/step_000005400
     command: [/root/run.sh, --resume, "{checkpoint}"]
     job:
@@ -354,7 +357,7 @@ host_record:
   description: The record of the started job on the host (C(<state_dir>/resume.json)); null when nothing was started.
   returned: always
   type: str
-  sample: /var/lib/pivot/training_resume/resume.json
+  sample: /var/lib/pivot/resume_training/resume.json
 started_at:
   description: UTC time the job was started (now, or by the earlier run that started it); null when not started.
   returned: always
@@ -412,6 +415,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
     spawn_detached,
     steps_since,
 )
+from ansible_collections.pivot.ops.plugins.module_utils.state_dir import adopt_former_state_dir, former_state_dir
 from ansible_collections.pivot.ops.plugins.module_utils.stop_record import utc_now
 from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
     SystemdError,
@@ -467,6 +471,7 @@ class TrainingResume:
         self.child = None  # PID of the process this run started with setsid (a child of this module)
         self.child_status = None  # its exit status once it has exited
         self.progress = ProgressFile(None if module.check_mode else self.params["progress_file"])
+        self.state_dir = self.params["state_dir"]
         self.result = {
             "changed": False,
             "launched": False,
@@ -561,17 +566,26 @@ class TrainingResume:
         return {}  # unreachable, fail_json exits
 
     def prepare_state_dir(self) -> None:
-        """Root-only (the record names the job's command line); made first, so the progress file can be written."""
+        """Root-only (the record names the job's command line); made first, so the progress file can be written. A
+        host's directory of the module's former name becomes this one (check mode reads it where it is)."""
+        former = former_state_dir(self.state_dir)
         if self.module.check_mode:
+            self.state_dir = former or self.state_dir
             return
         try:
-            os.makedirs(self.params["state_dir"], mode=0o700, exist_ok=True)
+            if former:
+                adopt_former_state_dir(self.state_dir, former)
+        except OSError as exc:
+            self.fail("Cannot move %s, where an earlier Pivot kept this module's state, to %s: %s. Move it there by "
+                      "hand. Nothing was started." % (former, self.state_dir, exc))
+        try:
+            os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         except OSError as exc:
             self.fail("Cannot create state_dir %s: %s. Choose a writable local directory. Nothing was started."
-                      % (self.params["state_dir"], exc))
+                      % (self.state_dir, exc))
 
     def host_record(self) -> dict | None:
-        return read_json(record_path(self.params["state_dir"]))
+        return read_json(record_path(self.state_dir))
 
     # --- a job is running -----------------------------------------------------------------------------------------
 
@@ -592,7 +606,7 @@ class TrainingResume:
                    self.checkpoint, self.checkpoint)
             )
         self.result.update(already_running=True, pid=launch.pid, started_at=record.get("started_at"),
-                           command=record.get("command") or [], host_record=record_path(self.params["state_dir"]))
+                           command=record.get("command") or [], host_record=record_path(self.state_dir))
         if self.module._diff:
             self.result["diff"] = {"before": self.process_lines(members), "after": self.process_lines(members)}
         if self.module.check_mode:
@@ -726,7 +740,7 @@ class TrainingResume:
         return Launch(pid, info.start_time if info else 0, info.sid if info else pid, unit)
 
     def write_records(self, launch: Launch, argv: list, log_offset: int, output_offset: int) -> None:
-        path = record_path(self.params["state_dir"])
+        path = record_path(self.state_dir)
         record = {"run_id": self.params["run_id"], "started_at": self.result["started_at"], "pid": launch.pid,
                   "start_time": launch.start_time, "sid": launch.sid, "unit": launch.unit,
                   "launcher": self.params["launcher"], "command": argv, "checkpoint": self.checkpoint,
@@ -927,7 +941,7 @@ def argument_spec() -> dict:
         expect_processes=dict(type="int", default=1),
         timeout=dict(type="float", default=600),
         poll_interval=dict(type="float", default=2),
-        state_dir=dict(type="path", default="/var/lib/pivot/training_resume"),
+        state_dir=dict(type="path", default="/var/lib/pivot/resume_training"),
         progress_file=dict(type="path"),
         run_id=dict(type="str", default=""),
     )

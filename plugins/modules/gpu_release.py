@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpu_memory
+module: gpu_release
 short_description: Report GPU memory and compute processes, or wait until GPUs are released
 version_added: 0.1.0
 description:
@@ -90,12 +90,12 @@ notes:
   - nvidia-smi in a container can list PIDs of another PID namespace. The module only reports a command line when the
     local process with that PID has the name nvidia-smi reports; otherwise the process is marked as not visible.
 seealso:
-  - module: pivot.ops.training_stop
+  - module: pivot.ops.stop_training
 """
 
 EXAMPLES = r"""
 - name: Read GPU memory facts
-  pivot.ops.gpu_memory:
+  pivot.ops.gpu_release:
   register: gpu
 
 - name: Show memory per GPU
@@ -103,11 +103,11 @@ EXAMPLES = r"""
     msg: "{{ gpu.gpus | map(attribute='memory_used_mib') | list }}"
 
 - name: Preflight, the serving host must have exactly two GPUs
-  pivot.ops.gpu_memory:
+  pivot.ops.gpu_release:
     expected_count: 2
 
 - name: Wait until GPUs 0 and 1 are free after stopping the trainer
-  pivot.ops.gpu_memory:
+  pivot.ops.gpu_release:
     state: released
     gpus: [0, 1]
     max_used_mib: 1024
@@ -115,7 +115,7 @@ EXAMPLES = r"""
     poll_interval: 2
 
 - name: Released except for a monitoring agent that keeps a small context
-  pivot.ops.gpu_memory:
+  pivot.ops.gpu_release:
     state: released
     allowed_process_names:
       - dcgm-exporter
