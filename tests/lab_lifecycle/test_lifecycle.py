@@ -19,12 +19,13 @@ def lab_down_afterwards() -> Iterator[None]:
 
 
 def nspawn_pids() -> list[int]:
-    """The lab's live systemd-nspawn processes. Those an earlier `lab down` ended linger as zombies until this
-    machine's init reaps them, which some inits do late (CI's did: 6 found where 3 run)."""
+    """This lab's live systemd-nspawn processes (not those of another instance, see lab/lab). Those an earlier
+    `lab down` ended linger as zombies until this machine's init reaps them, which some inits do late (CI's did: 6
+    found where 3 run)."""
     lines = labctl.run(["pgrep", "-a", "-x", "systemd-nspawn"]).stdout.splitlines()
     found = (line.partition(" ") for line in lines)
     return [int(pid) for pid, _space, args in found
-            if str(labctl.STATE) in args and not labctl.is_zombie(int(pid))]
+            if f"{labctl.STATE}/hosts/" in args and not labctl.is_zombie(int(pid))]
 
 
 def test_down_leaves_nothing_after_a_normal_run() -> None:

@@ -10,7 +10,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "lab" / "lab"
-STATE = Path(os.environ.get("PIVOT_LAB_DIR", "/var/lib/pivot-lab"))
+# Which of the labs this machine can run side by side `lab/lab` brings up here (PIVOT_LAB_INSTANCE, see lab/lab):
+# every name, address and directory below is that lab's own, so that another lab running meanwhile is none of ours.
+INSTANCE = int(os.environ.get("PIVOT_LAB_INSTANCE", "0"))
+_TAG = str(INSTANCE) if INSTANCE else ""
+STATE_ROOT = Path(os.environ.get("PIVOT_LAB_DIR", "/var/lib/pivot-lab"))
+STATE = STATE_ROOT / f"lab{INSTANCE}" if INSTANCE else STATE_ROOT
+BRIDGE = f"pvlab{INSTANCE}"
+NETNS_PREFIX = f"pvlab{_TAG}-"
+VETH_PREFIX = f"pvl{_TAG}-"
 HOSTS = ("pve", "ct200", "pro6000")
 
 
@@ -60,8 +68,8 @@ def ansible_adhoc(host: str, module: str, module_args: str = "", *, timeout: flo
         raise AssertionError(f"{cmd} gave no result ({exc}):\n{proc.stdout}\n{proc.stderr}") from exc
 
 
-CGROUP_DIRS = (Path("/sys/fs/cgroup/systemd/pivot-lab"), Path("/sys/fs/cgroup/unified/pivot-lab"),
-               Path("/sys/fs/cgroup/pivot-lab"))
+CGROUP_DIRS = tuple(Path(root) / f"pivot-lab{_TAG}"
+                    for root in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"))
 
 
 def lab_processes() -> list[int]:
@@ -89,17 +97,25 @@ def is_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
+def other_labs_up() -> bool:
+    """Whether another lab instance has hosts on this machine (it shares the tmpfs on /run/systemd/nspawn)."""
+    others = [STATE_ROOT / "hosts", *STATE_ROOT.glob("lab[0-9]/hosts")]
+    return any(path.exists() for path in others if path != STATE / "hosts")
+
+
 def leftovers() -> dict[str, list[str]]:
-    """Everything a lab could leave on this machine; all lists are empty when it is fully down."""
+    """Everything this lab could leave on this machine; all lists are empty when it is fully down."""
     found: dict[str, list[str]] = {}
     netns = run(["ip", "netns", "list"]).stdout.split()
-    found["netns"] = [n for n in netns if n.startswith("pvlab-")]
+    found["netns"] = [n for n in netns if n.startswith(NETNS_PREFIX)]
     links = run(["ip", "-o", "link", "show"]).stdout.splitlines()
-    found["links"] = [ln.split(": ")[1] for ln in links if ": pvlab0" in ln or ": pvl-" in ln]
-    mounts = Path("/proc/mounts").read_text().splitlines()
-    found["mounts"] = [m for m in mounts if str(STATE) in m.split()[1] or "pvlab-nspawn" in m.split()[0]]
+    found["links"] = [ln.split(": ")[1] for ln in links
+                      if ln.split(": ")[1].split("@")[0] == BRIDGE or f": {VETH_PREFIX}" in ln]
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    found["mounts"] = [" ".join(m) for m in mounts if m[1].startswith(f"{STATE}/hosts/")
+                       or (m[0] == "pvlab-nspawn" and not other_labs_up())]
     nspawn = [line for line in run(["pgrep", "-a", "-x", "systemd-nspawn"]).stdout.splitlines()
-              if not is_zombie(int(line.split()[0]))]
+              if f" {STATE}/hosts/" in line and not is_zombie(int(line.split()[0]))]
     found["processes"] = [f"pid {pid} (in a lab cgroup)" for pid in lab_processes()] + nspawn
     found["cgroups"] = [str(p) for p in CGROUP_DIRS if p.exists()]
     found["host_dirs"] = [str(p) for p in (STATE / "hosts", STATE / "ssh") if p.exists()]
