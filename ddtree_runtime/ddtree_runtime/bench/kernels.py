@@ -4,10 +4,12 @@ Reference (as the paper's code does it): per request, ``build_tree`` = top-K and
 device-to-host copy, the Python heap and the numpy ancestor matrix; a batch is a loop over requests.
 Ours: ``ops.build_tree`` (fused top-K kernel + best-first tree kernel) and ``ops.tree_verify_inputs`` (tokens,
 positions, ancestor mask and retrieve lists; the flat SGLang mask is timed separately), batched in one launch
-per kernel, timed with CUDA events (eager) and as one CUDA-graph replay. Logits are bf16 ``[B, 15, 151936]``
-with one boosted token per depth (a confident drafter: deep trees).
+per kernel, timed with CUDA events (eager) and as one CUDA-graph replay. Logits are bf16 ``[B, 15, V]`` with one
+boosted token per depth (a confident drafter: deep trees), at the user's vocabulary (Qwen3.6, 248320) and Qwen3's
+(151936) by default. The top-K's bandwidth is the logits' bytes over its time; beside it, the same bytes read by
+``torch.amax`` over the last dim, a memory-bound floor measured on the same tensor.
 
-    python -m ddtree_runtime.bench.kernels --json kernels.json
+    python -m ddtree_runtime.bench.kernels --batches 1,4,16,48 --json kernels.json
 """
 
 from __future__ import annotations
@@ -105,8 +107,13 @@ def sm_clock_mhz() -> int | None:
         return None
 
 
-def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, float | int | None]:
-    logits = make_logits(batch, args.depth, args.vocab, seed=batch * 7919 + budget)
+def terabytes_per_second(nbytes: int, microseconds: float) -> float:
+    return nbytes / (microseconds * 1e-6) / 1e12
+
+
+def measure(vocab: int, batch: int, budget: int, args: argparse.Namespace) -> dict[str, float | int | None]:
+    logits = make_logits(batch, args.depth, vocab, seed=batch * 7919 + budget)
+    logits_bytes = logits.numel() * logits.element_size()
     budgets = torch.full((batch,), budget, dtype=torch.long, device=CUDA)
     roots = torch.zeros(batch, dtype=torch.long, device=CUDA)
     seq_lens = torch.full((batch,), args.seq_len, dtype=torch.long, device=CUDA)
@@ -119,6 +126,7 @@ def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, floa
         ops.tree_verify_inputs(t, roots, seq_lens, mask_numel=0)
 
     result: dict[str, float | int | None] = {
+        "vocab": vocab,
         "batch": batch,
         "budget": budget,
         "nodes_first_request": int(tree.num_nodes[0]),
@@ -135,7 +143,11 @@ def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, floa
         "ours_graph_us": graph_us(ours, args.iterations),
         "sm_clock_mhz_after": sm_clock_mhz(),
         "empty_graph_kernel_us": graph_us(lambda: roots.add_(0), args.iterations),
+        "read_floor_us": event_us(lambda: torch.amax(logits, dim=-1), args.iterations),
+        "logits_bytes": logits_bytes,
     }
+    result["topk_tb_s"] = terabytes_per_second(logits_bytes, result["topk_us"])
+    result["read_floor_tb_s"] = terabytes_per_second(logits_bytes, result["read_floor_us"])
     if args.kernel_times:
         result["kernel_us"] = kernel_us(ours, args.iterations)  # type: ignore[assignment]
     result["speedup"] = result["reference_us"] / result["ours_us"]
@@ -145,10 +157,10 @@ def measure(batch: int, budget: int, args: argparse.Namespace) -> dict[str, floa
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--vocabs", default="248320,151936", help="vocabulary sizes, each measured in the same run")
     p.add_argument("--depth", type=int, default=15)
     p.add_argument("--budgets", default="16,64,256,1024")
-    p.add_argument("--batches", default="1,16")
+    p.add_argument("--batches", default="1,4,16,48")
     p.add_argument("--rounds", type=int, default=10, help="reference rounds (median)")
     p.add_argument("--iterations", type=int, default=50, help="kernel iterations per timing (mean)")
     p.add_argument("--seq-len", type=int, default=1024, help="committed length for the flat-mask timing")
@@ -158,26 +170,28 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and ops.extension_available()):
         raise SystemExit(f"needs a CUDA GPU and the extension: {ops.extension_error() or 'no GPU'}")
-    rows = [measure(batch, budget, args) for batch in map(int, args.batches.split(","))
-            for budget in map(int, args.budgets.split(","))]
-    header = ("| batch | budget | reference us | ours us (eager) | ours us (graph) | speedup (eager / graph) | "
-              "top-K us | tree us | verify inputs us | + flat mask us | one-kernel graph us | SM MHz |")
+    rows = [measure(vocab, batch, budget, args) for vocab in map(int, args.vocabs.split(","))
+            for batch in map(int, args.batches.split(",")) for budget in map(int, args.budgets.split(","))]
+    header = ("| V | batch | budget | reference us | ours us (eager) | ours us (graph) | speedup (eager / graph) | "
+              "top-K us | top-K TB/s | amax floor us (TB/s) | tree us | verify inputs us | + flat mask us | "
+              "one-kernel graph us | SM MHz |")
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"L={args.depth} V={args.vocab} bf16")
+          f"L={args.depth} bf16")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for r in rows:
-        print(f"| {r['batch']} | {r['budget']} | {r['reference_us']:.0f} | {r['ours_us']:.1f} | "
+        print(f"| {r['vocab']} | {r['batch']} | {r['budget']} | {r['reference_us']:.0f} | {r['ours_us']:.1f} | "
               f"{r['ours_graph_us']:.1f} | {r['speedup']:.0f}x / {r['speedup_graph']:.0f}x | {r['topk_us']:.1f} | "
-              f"{r['tree_us']:.1f} | {r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} | "
+              f"{r['topk_tb_s']:.2f} | {r['read_floor_us']:.1f} ({r['read_floor_tb_s']:.2f}) | {r['tree_us']:.1f} | "
+              f"{r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} | "
               f"{r['empty_graph_kernel_us']:.1f} | {r['sm_clock_mhz_before']}/{r['sm_clock_mhz_after']} |")
     for r in rows:
         if "kernel_us" in r:
             kernels = ", ".join(f"{name} {us:.1f}" for name, us in r["kernel_us"].items())  # type: ignore[union-attr]
-            print(f"batch {r['batch']} budget {r['budget']} kernel us per call: {kernels}")
+            print(f"V {r['vocab']} batch {r['batch']} budget {r['budget']} kernel us per call: {kernels}")
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                "depth": args.depth, "vocab": args.vocab, "seq_len": args.seq_len}
+                "depth": args.depth, "vocabs": args.vocabs, "seq_len": args.seq_len}
         with open(args.json, "w") as handle:
             json.dump({"meta": meta, "rows": rows}, handle, indent=1)
 
