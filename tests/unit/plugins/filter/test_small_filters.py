@@ -6,6 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.pivot.ops.plugins.filter.answer_agreement import answer_agreement
 from ansible_collections.pivot.ops.plugins.filter.ddtree_settings_problem import ddtree_settings_problem
+from ansible_collections.pivot.ops.plugins.filter.partial_run_tags import partial_run_tags, pivot_roles
 
 
 @pytest.mark.parametrize(("draft", "budget", "topk", "expected"), [
@@ -43,3 +44,26 @@ def test_an_empty_answer_where_the_baseline_answered_scores_zero() -> None:
 def test_answer_lists_must_line_up() -> None:
     with pytest.raises(AnsibleFilterError, match="got 1 answers for 2"):
         answer_agreement(["a"], ["a", "b"])
+
+
+def test_the_collections_roles_are_found_where_the_filter_lives() -> None:
+    assert {"preflight", "run_phase", "sglang_release", "stop_training", "gpu_release"} <= set(pivot_roles())
+
+
+@pytest.mark.parametrize(("run_tags", "skip_tags", "expected"), [
+    (["all"], [], []),
+    (("all",), ("molecule-notest", "notest"), []),  # ansible-core 2.21 passes tuples; molecule skips these
+    (["preflight"], [], ["--tags preflight"]),
+    (["all", "always"], [], ["--tags always"]),
+    (["all"], ["gpu_release_wait", "notest", "always"], ["--skip-tags gpu_release_wait", "--skip-tags always"]),
+    (["all"], ["stop_trainingX"], []),  # a role's name must be the whole tag or its prefix before "_"
+    (["all"], ["stand_in_step"], []),
+])
+def test_a_filter_cuts_a_phase_short_only_with_pivots_own_tags(
+    run_tags: list[str], skip_tags: list[str], expected: list[str]
+) -> None:
+    assert partial_run_tags(run_tags, skip_tags) == expected
+
+
+def test_a_plays_own_phase_role_counts_when_named() -> None:
+    assert partial_run_tags(["all"], ["stand_in_step"], ["stand_in"]) == ["--skip-tags stand_in_step"]
