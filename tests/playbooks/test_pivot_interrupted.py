@@ -21,7 +21,7 @@ import stopwatch
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
 # Printed once every host has written its lock (run_lock runs before the preflight phase starts).
-LOCKS_TAKEN = r"TASK \[pivot\.ops\.run_phase : Note when the phase starts\]"
+LOCKS_TAKEN = r"TASK \[pivot\.ops\.run_phase : Name the phase after its role and note when it starts\]"
 # Printed after "Stop the running server" has returned: the old server is down, the new one not yet started.
 SERVER_STOPPED = r"TASK \[Prove the server's GPUs are free before starting another\]"
 
