@@ -421,6 +421,13 @@ def test_the_hybrid_step_starts_its_servers_with_the_processor(tmp_path: Path, f
     assert [entry["name"] for entry in state["servers"]] == ["hybrid-baseline", "ddtree-hybrid-b16", "dflash-hybrid"]
     assert all("--skip-tokenizer-init" not in entry["command"] for entry in state["servers"])
     assert results["results"] and all(r["ok"] for r in results["results"])
+    # the requests that stress the verify path ran on the hybrid's servers too, against the hybrid baseline's answers
+    from ddtree_runtime.acceptance.suite import STRESS_REQUESTS  # noqa: PLC0415
+
+    requests = {(r["case"], r["server"]) for r in results["results"] if r["case"].startswith("7. hybrid request")}
+    assert requests == {(f"7. hybrid request: {request.label}", server) for request in STRESS_REQUESTS
+                        for server in ("ddtree-hybrid-b16", "dflash-hybrid")}
+    assert len(state["hybrid_baseline_requests"]) == len(STRESS_REQUESTS)
 
 
 def test_run_steps_saves_after_each_skips_finished_ones_and_stops_on_time(tmp_path: Path) -> None:

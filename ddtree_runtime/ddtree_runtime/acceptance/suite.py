@@ -201,6 +201,8 @@ class Suite:
         self.baseline_samples: list[list[int]] | None = None
         self.baseline_logprobs: list[dict[str, Any]] | None = None
         self.hybrid_baseline: GreedyRun | None = None
+        self.hybrid_baseline_requests: list[dict[str, Any]] | None = None
+        """The hybrid baseline's answers to the case-8 requests (with its top-2 gaps), for the hybrid servers'."""
         self.margins: dict[str, dict[str, list[float | None]]] = {}
         """Baseline name -> prompt name -> the baseline's top-2 gap at each position of its greedy output."""
         self.divergence_margins: dict[tuple[str, str], dict[str, float | None]] = {}
@@ -234,6 +236,7 @@ class Suite:
             "baseline_samples": self.baseline_samples,
             "baseline_logprobs": self.baseline_logprobs,
             "hybrid_baseline": None if self.hybrid_baseline is None else vars(self.hybrid_baseline),
+            "hybrid_baseline_requests": self.hybrid_baseline_requests,
             "margins": self.margins,
             "divergence_margins": [{"case": c, "server": n, "margins": m}
                                    for (c, n), m in self.divergence_margins.items()],
@@ -268,6 +271,7 @@ class Suite:
         self.baseline_logprobs = state["baseline_logprobs"]
         hybrid = state["hybrid_baseline"]
         self.hybrid_baseline = None if hybrid is None else GreedyRun(**hybrid)
+        self.hybrid_baseline_requests = state.get("hybrid_baseline_requests")
         self.margins = state["margins"]
         self.divergence_margins = {(d["case"], d["server"]): d["margins"] for d in state["divergence_margins"]}
         self.agreements = {(a["case"], a["server"]): Agreement(a["prompts"], a["equal"], a["first_divergence"])
@@ -444,6 +448,7 @@ class Suite:
             self.record("7. hybrid baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
                         tokens=run.completion_tokens, seconds=round(run.seconds, 2))
             self.margin_pass(server, run, "7. hybrid baseline greedy with logprobs: same tokens")
+            self.hybrid_baseline_requests = self.logprob_answers(server, with_margins=True)
 
         self.with_server(spec, body)
 
@@ -459,6 +464,8 @@ class Suite:
                          baseline="hybrid-baseline")
             self.run_figures[(case, spec.name)] = {"accept_length": run.accept_length,
                                                    "seconds": round(run.seconds, 2), "tokens": run.completion_tokens}
+            # The hybrid's verify path differs (the GDN layers' tree-aware scan): the requests that stress it too.
+            self.request_cases(server, self.hybrid_baseline_requests, case_prefix="7. hybrid request")
 
         self.with_server(spec, body)
 
@@ -544,11 +551,13 @@ class Suite:
                 answers.append({"ok": False, "error": str(error)[:300]})
         return answers
 
-    def request_cases(self, server: Server) -> None:
+    def request_cases(self, server: Server, reference: list[dict[str, Any]] | None = None,
+                      case_prefix: str = "8. request") -> None:
+        """The :data:`STRESS_REQUESTS` on ``server``, each against ``reference``'s answer (default: the baseline's)."""
         ours = self.logprob_answers(server)
-        reference = self.baseline_logprobs or []
+        reference = (self.baseline_logprobs if reference is None else reference) or []
         for request, mine, theirs in zip(STRESS_REQUESTS, ours, reference, strict=False):
-            case = f"8. request: {request.label}"
+            case = f"{case_prefix}: {request.label}"
             if not mine["ok"]:
                 alive = server.alive() and server.call("/health_generate", timeout=60).status == 200
                 self.record(case, server.spec.name, alive,
