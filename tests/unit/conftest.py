@@ -120,6 +120,22 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def live_pids_with_argument(argument: str) -> list[int]:
+    """Every live (not zombie) process with ``argument`` as one of its argv entries, sorted."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if argument.encode() in argv and _alive(int(entry)):
+            found.append(int(entry))
+    return sorted(found)
+
+
 class Trainers:
     """Starts fake_trainer.py process trees for a test and kills whatever is left afterwards."""
 
@@ -158,18 +174,7 @@ class Trainers:
 
     def job_pids(self) -> list:
         """Every live process whose argv carries this test's token (the job, wherever it was re-parented)."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    argv = handle.read().split(b"\0")
-            except OSError:
-                continue
-            if self.token.encode() in argv and _alive(int(entry)):
-                found.append(int(entry))
-        return sorted(found)
+        return live_pids_with_argument(self.token)
 
     def cleanup(self) -> None:
         for pid in self.job_pids():

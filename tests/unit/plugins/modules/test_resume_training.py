@@ -20,6 +20,7 @@ import uuid
 import pytest
 from ansible_collections.pivot.ops.plugins.module_utils import state_dir
 from ansible_collections.pivot.ops.plugins.modules import resume_training
+from conftest import live_pids_with_argument
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
 UUIDS = ("GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111")
@@ -75,20 +76,7 @@ class World:
         return args
 
     def job_pids(self) -> list:
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    argv = handle.read().split(b"\0")
-                with open(f"/proc/{entry}/stat") as handle:
-                    state = handle.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if self.trainer.encode() in argv and state not in ("Z", "X"):
-                found.append(int(entry))
-        return sorted(found)
+        return live_pids_with_argument(self.trainer)
 
     def start_by_hand(self, *flags: str) -> subprocess.Popen:
         """The same trainer started without Pivot, the way an operator does."""
