@@ -3,11 +3,23 @@
 # ddtree_runtime beside it with the CUDA extension built against the bundle's torch, and run a command there.
 #   tests/gpu/device.sh receive PIECE...   copy carried pieces into the bundle directory
 #   tests/gpu/device.sh run CMD...          unpack once, (re)install ddtree_runtime, run CMD in that environment
+#   tests/gpu/device.sh env CMD...          run CMD in the environment an earlier `run` prepared, installing nothing
+#                                           (safe beside a running suite, whose servers load the installed plugin)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 root=${PIVOT_GPU_BUNDLE:-/tmp/pivot-gpu-bundle}
 site=$root/site
-action=${1:?usage: device.sh receive PIECE... | run CMD...}
+bundle_environment() {
+  # The cutlass DSL ships a .pth file; PYTHONPATH entries do not run .pth files, so its directory is named here.
+  # The checkout comes first (its data files and the in-place extension); the install provides the entry point. The
+  # lab's server (test equipment, not in ddtree_runtime) is there for the ddtree_runtime tests that start it.
+  export PYTHONPATH=$repo/ddtree_runtime:$repo/lab/files/labserver:$root/ddtree:$site:$site/nvidia_cutlass_dsl/dsl_packages
+  export PATH=$site/bin:$PATH
+  # The test machine has no network: nothing may wait on the Hugging Face hub.
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+}
+
+action=${1:?usage: device.sh receive PIECE... | run CMD... | env CMD...}
 shift
 case $action in
 receive)
@@ -47,13 +59,7 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
     python3 -m pip install -q --no-deps --no-index --target "$root/extra" "$repo"/.bundle/extra/*.whl
     cp -a "$root/extra/." "$site/"
   fi
-  # The cutlass DSL ships a .pth file; PYTHONPATH entries do not run .pth files, so its directory is named here.
-  # The checkout comes first (its data files and the in-place extension); the install provides the entry point. The
-  # lab's server (test equipment, not in ddtree_runtime) is there for the ddtree_runtime tests that start it.
-  export PYTHONPATH=$repo/ddtree_runtime:$repo/lab/files/labserver:$root/ddtree:$site:$site/nvidia_cutlass_dsl/dsl_packages
-  export PATH=$site/bin:$PATH
-  # The test machine has no network: nothing may wait on the Hugging Face hub.
-  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  bundle_environment
   built=("$repo"/ddtree_runtime/ddtree_runtime/_C*.so)
   stamp=$(cat "$repo"/ddtree_runtime/csrc/* "$repo"/ddtree_runtime/setup.py | sha256sum | cut -c1-16)
   if [ ! -f "${built[0]}" ] || [ "$(cat "$repo/ddtree_runtime/.ext-stamp" 2>/dev/null)" != "$stamp" ]; then
@@ -63,6 +69,11 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
   rm -rf "$root/ddtree"
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$root/ddtree" "$repo/ddtree_runtime"
   cp "$repo"/ddtree_runtime/ddtree_runtime/_C*.so "$root/ddtree/ddtree_runtime/"
+  exec "$@"
+  ;;
+env)
+  [ -f "$site/.complete" ] && [ -d "$root/ddtree" ] || { echo "device.sh env: no prepared bundle; use device.sh run first" >&2; exit 2; }
+  bundle_environment
   exec "$@"
   ;;
 *) echo "device.sh: unknown action $action" >&2; exit 2 ;;
