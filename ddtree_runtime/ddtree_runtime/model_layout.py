@@ -20,6 +20,10 @@ HYBRID_ARCHITECTURES = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5For
 HYBRID_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_text"})
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+WINDOW_SWITCHED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen3_moe"})
+"""Model types whose transformers config keeps ``sliding_window`` only with ``use_sliding_window: true`` (it sets the
+window to None otherwise); a DFlash drafter's flat config is read as one of these (z-lab's say ``qwen3``)."""
 DEFAULT_FULL_ATTENTION_INTERVAL = 4
 """Qwen3.5/3.6 (and transformers' ``Qwen3_5TextConfig``) make every fourth layer full attention unless told."""
 
@@ -75,16 +79,42 @@ def capture_problem(layer_ids: Sequence[int], num_target_layers: int) -> str | N
             f"the next layer's input), not {unreadable}; use a drafter trained on earlier layers")
 
 
+def drafter_window_problem(config: Mapping[str, Any]) -> str | None:
+    """Why SGLang cannot build a drafter's ``sliding_attention`` layers, or None when it can (or there are none).
+
+    SGLang reads the drafter's config through transformers and refuses sliding layers without a window ("DFLASH
+    sliding_attention layers require config.sliding_window"); for a ``qwen3`` config transformers keeps the window
+    only when ``use_sliding_window`` is true (seen on the H200: a drafter with a window of 2048 but without that key
+    killed the scheduler at start)."""
+    text = text_settings(config)
+    if SLIDING_ATTENTION not in (text.get("layer_types") or []):
+        return None
+    window = text.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        return (f"the drafter has {SLIDING_ATTENTION} layers but sliding_window is {window!r}: SGLang needs the "
+                "window's size; set sliding_window in the drafter's config.json")
+    model_type = text.get("model_type")
+    if model_type in WINDOW_SWITCHED_MODEL_TYPES and text.get("use_sliding_window") is not True:
+        return (f"the drafter has {SLIDING_ATTENTION} layers and sliding_window {window}, but its {model_type!r} "
+                "config lacks use_sliding_window: true, so transformers drops the window and SGLang refuses the "
+                "drafter; add \"use_sliding_window\": true to the drafter's config.json")
+    return None
+
+
 def _read_config(model_dir: Path) -> Mapping[str, Any] | None:
     path = model_dir / "config.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def pair_problem(target_dir: str | Path, drafter_dir: str | Path) -> str | None:
-    """:func:`capture_problem` for checkpoints on disk; None when either is not a local directory (a hub id)."""
+    """:func:`drafter_window_problem` and :func:`capture_problem` for checkpoints on disk; None when either is not a
+    local directory (a hub id)."""
     target, drafter = _read_config(Path(target_dir)), _read_config(Path(drafter_dir))
     if target is None or drafter is None:
         return None
+    window = drafter_window_problem(drafter)
+    if window is not None:
+        return window
     layer_ids = drafter_target_layer_ids(drafter)
     layers = text_settings(target).get("num_hidden_layers")
     if layer_ids is None or layers is None:

@@ -6,7 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from ddtree_runtime.model_layout import capture_problem, drafter_target_layer_ids, pair_problem, text_settings
+from ddtree_runtime.model_layout import (
+    capture_problem,
+    drafter_target_layer_ids,
+    drafter_window_problem,
+    pair_problem,
+    text_settings,
+)
 from ddtree_runtime.train.pair import SHAPES
 
 
@@ -57,3 +63,32 @@ def test_flat_configs_and_top_level_layer_ids_are_read_too() -> None:
     assert text_settings({"num_hidden_layers": 6}) == {"num_hidden_layers": 6}
     assert drafter_target_layer_ids({"target_layer_ids": [0, 2]}) == [0, 2]
     assert drafter_target_layer_ids({}) is None
+
+
+SLIDING_DRAFTER = {"model_type": "qwen3", "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+                   "sliding_window": 2048, "use_sliding_window": True,
+                   "dflash_config": {"target_layer_ids": [1, 16, 31, 46, 61]}}
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({}, None),
+    ({"layer_types": ["full_attention"] * 5, "use_sliding_window": None, "sliding_window": None}, None),
+    ({"use_sliding_window": None}, "use_sliding_window: true"),
+    ({"use_sliding_window": False}, "use_sliding_window: true"),
+    ({"sliding_window": None}, "sliding_window is None"),
+    ({"sliding_window": 0}, "sliding_window is 0"),
+    ({"model_type": "llama", "use_sliding_window": None}, None),
+])
+def test_sliding_window_layers_need_a_window_that_transformers_keeps(change: dict[str, object],
+                                                                     named: str | None) -> None:
+    config = {key: value for key, value in {**SLIDING_DRAFTER, **change}.items() if value is not None}
+    problem = drafter_window_problem(config)
+    assert problem is None if named is None else (problem is not None and named in problem)
+
+
+def test_pair_problem_refuses_a_drafter_whose_window_sglang_would_not_see(tmp_path: Path) -> None:
+    target = _config(tmp_path / "target", {"text_config": {"num_hidden_layers": 64}})
+    without = {key: value for key, value in SLIDING_DRAFTER.items() if key != "use_sliding_window"}
+    problem = pair_problem(target, _config(tmp_path / "drafter", without))
+    assert problem is not None and "use_sliding_window" in problem
+    assert pair_problem(target, _config(tmp_path / "good", SLIDING_DRAFTER)) is None

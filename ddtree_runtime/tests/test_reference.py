@@ -95,6 +95,7 @@ def test_qwen3_loader_rejects_unsupported_and_mismatched_checkpoints(tmp_path):
 def zlab_style_config() -> dict:
     return {
         "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
         "block_size": 16,
         "num_hidden_layers": 5,
         "hidden_size": 32,
@@ -108,6 +109,7 @@ def zlab_style_config() -> dict:
         "vocab_size": 32,
         "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
         "sliding_window": 2048,
+        "use_sliding_window": True,
         "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 31},
     }
 
@@ -125,6 +127,18 @@ def test_drafter_reads_the_zlab_config_format(tmp_path):
     assert not any("embed" in n or "lm_head" in n for n in names)
 
 
+def test_a_saved_sliding_window_drafter_keeps_its_window_in_transformers_config():
+    """SGLang reads a drafter's config.json through transformers, whose qwen3 config drops ``sliding_window`` unless
+    ``use_sliding_window`` is true (a drafter written without it killed SGLang's scheduler on the H200)."""
+    transformers = pytest.importorskip("transformers")
+    written = DFlashConfig.from_dict(zlab_style_config()).to_dict()
+    assert written["use_sliding_window"] is True
+    assert transformers.Qwen3Config(**written).sliding_window == 2048
+    assert DFlashConfig.from_dict(written).sliding_window == 2048
+    full_only = DFlashConfig.from_dict({**zlab_style_config(), "layer_types": [], "sliding_window": None}).to_dict()
+    assert "use_sliding_window" not in full_only
+
+
 def test_drafter_config_errors(tmp_path):
     raw = zlab_style_config()
     with pytest.raises(ValueError, match="target_layer_ids"):
@@ -133,6 +147,9 @@ def test_drafter_config_errors(tmp_path):
         DFlashConfig.from_dict({**raw, "dflash_config": {"target_layer_ids": [1]}})
     with pytest.raises(ValueError, match="sliding_window"):
         DFlashConfig.from_dict({**raw, "sliding_window": None})
+    without_switch = {key: value for key, value in raw.items() if key != "use_sliding_window"}
+    with pytest.raises(ValueError, match="use_sliding_window: true"):
+        DFlashConfig.from_dict(without_switch)
     save_qwen3(random_qwen3(tiny_target_config(), 0), tmp_path)
     with pytest.raises(ValueError, match="not a DFlash drafter"):
         load_dflash(tmp_path)

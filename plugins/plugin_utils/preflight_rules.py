@@ -116,11 +116,13 @@ def drafter_config(pair: ModelPair, facts: Facts) -> Check:
         return check("drafter_config", False, f"cannot read {pair.drafter_path}/config.json: {pair.drafter_error}")
     vocab = as_int(pair.text.get("vocab_size"))
     mask_ok = pair.mask_id is not None and vocab is not None and 0 <= pair.mask_id < vocab
-    ok = pair.block > 0 and bool(pair.layer_ids) and mask_ok
+    window_problem = ddtree_rules.layout_module().drafter_window_problem(pair.drafter)
+    ok = pair.block > 0 and bool(pair.layer_ids) and mask_ok and window_problem is None
     mask = pair.mask_id if pair.mask_id is not None else "missing"
     return check("drafter_config", ok,
                  f"{pair.drafter_path}: block_size {pair.block}, target_layer_ids {pair.layer_ids}, "
-                 f"mask_token_id {mask} (target vocab {vocab if vocab is not None else '?'})")
+                 f"mask_token_id {mask} (target vocab {vocab if vocab is not None else '?'})"
+                 f"{'; ' + window_problem if window_problem else ''}")
 
 
 def drafter_block_size(pair: ModelPair, facts: Facts) -> Check:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ddtree_runtime.model_layout import drafter_window_problem
 from ddtree_runtime.reference.dflash import DFlashConfig, random_dflash, save_dflash
 from ddtree_runtime.sglang.config import MAX_DRAFT_TOKENS
 from ddtree_runtime.tokenizer import (
@@ -150,13 +151,15 @@ def write_hybrid_drafter(directory: Path, seed: int = 1) -> Path:
 
 
 def write_hybrid_pair(root: Path) -> tuple[Path, Path]:
-    """Both models under ``root`` (written once; a later run reuses them, and adds the target's processor and
-    tokenizer where an earlier version wrote the target without them)."""
+    """Both models under ``root`` (written once; a later run reuses them, adds the target's processor and tokenizer
+    where an earlier version wrote the target without them, and rewrites a drafter whose window SGLang would not
+    see, as an earlier version wrote it)."""
     target, drafter = root / "hybrid-target", root / "hybrid-dflash"
     if not (target / "config.json").is_file():
         write_hybrid_target(target)
     elif not all((target / name).is_file() for name in (*PROCESSOR_FILES, *HF_TOKENIZER_FILES)):
         write_hybrid_processor(target)
-    if not (drafter / "config.json").is_file():
+    drafter_config = drafter / "config.json"
+    if not drafter_config.is_file() or drafter_window_problem(json.loads(drafter_config.read_text())) is not None:
         write_hybrid_drafter(drafter)
     return target, drafter

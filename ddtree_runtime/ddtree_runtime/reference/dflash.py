@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddtree_runtime.model_layout import FULL_ATTENTION, SLIDING_ATTENTION, drafter_window_problem
 from ddtree_runtime.reference.cache import KVCache
 from ddtree_runtime.reference.checkpoint import fill_random_, load_safetensors_dir, load_state_exactly, save_safetensors
 from ddtree_runtime.reference.layers import PreNormLayer, QKNormProjections, RMSNorm, RotaryTable
 from ddtree_runtime.reference.qwen3 import rope_theta_from
 
-SLIDING = "sliding_attention"
-FULL = "full_attention"
+SLIDING = SLIDING_ATTENTION
+FULL = FULL_ATTENTION
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -78,6 +79,10 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> DFlashConfig:
+        """A drafter's ``config.json``, read as SGLang reads it (a config SGLang refuses is refused here too)."""
+        window_problem = drafter_window_problem(config)
+        if window_problem is not None:
+            raise ValueError(window_problem)
         dflash = config.get("dflash_config") or {}
 
         def draft_value(name: str, default: Any = None) -> Any:
@@ -135,6 +140,8 @@ class DFlashConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "layer_types": self.layer_types or [FULL] * self.num_hidden_layers,
             "sliding_window": self.sliding_window,
+            # transformers' qwen3 config drops the window without it (model_layout.drafter_window_problem)
+            **({"use_sliding_window": True} if SLIDING in self.layer_types else {}),
             "attention_bias": False,
             "dflash_config": {"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id},
             **trained_on,

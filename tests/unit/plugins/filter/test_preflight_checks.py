@@ -96,6 +96,26 @@ def test_a_drafter_of_another_target_is_refused() -> None:
     assert not check["ok"] and "trained on a 48-layer target" in check["detail"]
 
 
+SLIDING_DRAFTER = {**ZLAB_DRAFTER, "model_type": "qwen3", "num_hidden_layers": 5, "sliding_window": 2048,
+                   "layer_types": ["sliding_attention"] * 4 + ["full_attention"], "use_sliding_window": True}
+
+
+def test_a_drafter_with_sliding_window_layers_passes_when_transformers_keeps_the_window() -> None:
+    assert by_name(preflight_checks(serving_facts(drafter_config=slurp(SLIDING_DRAFTER)), "serving"))[
+        "drafter_config"]["ok"]
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"use_sliding_window": None}, "use_sliding_window: true"),
+    ({"use_sliding_window": False}, "use_sliding_window: true"),
+    ({"sliding_window": None}, "sliding_window is None"),
+])
+def test_a_drafter_whose_window_sglang_would_not_see_is_refused(change: dict[str, Any], named: str) -> None:
+    drafter = {key: value for key, value in {**SLIDING_DRAFTER, **change}.items() if value is not None}
+    check = by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))["drafter_config"]
+    assert not check["ok"] and named in check["detail"] and "sliding_attention" in check["detail"]
+
+
 def test_a_mask_token_outside_the_vocabulary_is_refused() -> None:
     drafter = {**ZLAB_DRAFTER, "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 248320}}
     checks = by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))
