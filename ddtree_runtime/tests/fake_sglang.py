@@ -7,7 +7,8 @@ verdicts and reports can be tested without a GPU. Behaviour (environment):
 
 - ``FAKE_SGLANG_MODE``: ``serve`` (default), ``crash`` (exits 3 before serving), ``refuse`` (prints
   ``FAKE_SGLANG_MESSAGE`` and exits 1);
-- ``FAKE_SGLANG_DIVERGE``: an algorithm name whose greedy output differs from the baseline's on the first prompt;
+- ``FAKE_SGLANG_DIVERGE``: an algorithm name whose greedy output differs from the baseline's on the first prompt
+  (``logprobs``: the baseline's own answer there differs when logprobs are asked for, as SGLang's did in bf16);
 - ``FAKE_SGLANG_CHILD_PID_FILE``: serve mode starts a child in its session and writes its PID there (the suite
   must stop it with the server);
 - ``FAKE_SGLANG_EOS_AFTER``: greedy requests without ``ignore_eos`` end after this many tokens, as if the model had
@@ -120,7 +121,9 @@ def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random, toke
         if float(params.get("temperature", 0.0)) > 0:
             tokens = [rng.choices(range(10), weights=range(1, 11))[0] for _unused in range(count)]
         else:
-            diverge = index == 0 and os.environ.get("FAKE_SGLANG_DIVERGE") == algorithm and algorithm is not None
+            chosen = os.environ.get("FAKE_SGLANG_DIVERGE")
+            diverge = index == 0 and (chosen == algorithm is not None
+                                      or (chosen == "logprobs" and algorithm is None and body.get("return_logprob")))
             tokens = greedy(ids, count if eos_after is None else min(count, eos_after), stop, diverge, grammar)
         meta: dict[str, Any] = {"completion_tokens": len(tokens)}
         if algorithm is not None:

@@ -61,6 +61,7 @@ from ddtree_runtime.acceptance.stats import (
     top2_margins,
 )
 from ddtree_runtime.acceptance.suite import (
+    MARGIN_CASE,
     SAMPLING_PROMPT,
     STRESS_REQUESTS,
     TIE_MARGIN,
@@ -261,6 +262,28 @@ def test_divergence_where_the_baseline_is_sure_fails_even_when_dflash_diverges(
     assert f"not at a near-tie (gap >= {TIE_MARGIN} or unknown): {suite.names[0]}" in verdict.detail
 
 
+@pytest.mark.parametrize(("gap", "ok"), [("0.2", True), ("3.0", False)])
+def test_the_baselines_own_logprob_pass_may_fork_only_at_a_near_tie(tmp_path: Path, fake_python: str,
+                                                                    monkeypatch: pytest.MonkeyPatch, gap: str,
+                                                                    ok: bool) -> None:
+    """The H200 run of 2026-12-03: the non-speculative server's logprob pass left its plain greedy run on 3 of 24
+    prompts, each at a top-2 gap of 0.0-0.125 (bf16 noise of the server itself)."""
+    monkeypatch.setenv("FAKE_SGLANG_DIVERGE", "logprobs")
+    monkeypatch.setenv("FAKE_SGLANG_TOP2_GAP", gap)
+    suite = make_suite(tmp_path, fake_python)
+    suite.run_baseline(baseline_spec())
+    line = next(r for r in suite.results if r.case == MARGIN_CASE)
+    first = suite.names[0]
+    assert line.ok is ok and line.figures["divergent"] == 1
+    assert line.figures["margin_at_fork"] == {first: float(gap)}
+    assert ("each at a near-tie" if ok else f"not at a near-tie (gap >= {TIE_MARGIN} or unknown): {first}") in \
+        line.detail
+    # The fork's own margin is known: both runs agree before it (a margin is the gap given the tokens before it).
+    fork = line.figures["first_divergence"][first]
+    assert margins_at_divergence({first: fork}, {first: suite.baseline.outputs[0]}, suite.margin_paths["baseline"],
+                                 suite.margins["baseline"]) == {first: float(gap)}
+
+
 def test_a_divergence_rate_far_above_dflashs_fails_even_at_near_ties() -> None:
     figures: dict[str, object] = {}
     names = [f"p{i}" for i in range(20)]
@@ -387,6 +410,9 @@ def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> 
     assert flat["architectures"] == ["DFlashDraftModel"] and flat["hidden_size"] == HYBRID_TEXT_CONFIG["hidden_size"]
     assert pair_problem(target, drafter) is None
     assert flat["block_size"] == 16 and "sliding_attention" in flat["layer_types"]
+    # SGLang reads the drafter's config through transformers: the window must survive that (finding of the second
+    # GPU run: without use_sliding_window transformers dropped it and SGLang refused the drafter)
+    assert AutoConfig.from_pretrained(str(drafter)).sliding_window == flat["sliding_window"] == 2048
     # Like Qwen3.6-27B, the target carries its processor and tokenizer (SGLang loads them at start).
     written = {p.name for p in target.iterdir()}
     assert {*PROCESSOR_FILES, *HF_TOKENIZER_FILES} <= written
@@ -406,9 +432,12 @@ def test_hybrid_pair_is_laid_out_like_qwen36_and_its_drafter(tmp_path: Path) -> 
     stamp = (target / "config.json").stat().st_mtime_ns
     for name in (*PROCESSOR_FILES, *HF_TOKENIZER_FILES):
         (target / name).unlink()
+    del flat["use_sliding_window"]
+    (drafter / "config.json").write_text(json.dumps(flat))
     write_hybrid_pair(tmp_path)
     assert (target / "config.json").stat().st_mtime_ns == stamp
     assert {*PROCESSOR_FILES, *HF_TOKENIZER_FILES} <= {p.name for p in target.iterdir()}
+    assert json.loads((drafter / "config.json").read_text())["use_sliding_window"] is True
 
 
 def test_the_hybrid_step_starts_its_servers_with_the_processor(tmp_path: Path, fake_python: str,

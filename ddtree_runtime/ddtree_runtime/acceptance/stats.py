@@ -64,19 +64,20 @@ def top2_margins(meta_info: Mapping[str, Any]) -> list[float | None]:
 
 
 def margins_at_divergence(divergences: Mapping[str, int], references: Mapping[str, Sequence[int]],
-                          greedy: Mapping[str, Sequence[int]],
+                          margin_paths: Mapping[str, Sequence[int]],
                           margins: Mapping[str, Sequence[float | None]]) -> dict[str, float | None]:
     """The baseline's own top-2 margin at each first divergence (``name`` -> index; a name may carry a ``#``
-    suffix, as the load requests do). Known only where the reference output agrees with the baseline's greedy
-    output up to and including that position (the margins were measured along the greedy output); None
-    otherwise."""
+    suffix, as the load requests do). ``margin_paths`` are the outputs the margins were measured along (the
+    baseline's logprob pass). A margin at position ``i`` is the gap given the tokens before ``i``, so it is known
+    where the reference agrees with that path before the divergence; None otherwise (the logprob pass itself forked
+    earlier, or the reference is another request's)."""
     found: dict[str, float | None] = {}
     for name, index in divergences.items():
         prompt = name.split("#", 1)[0]
-        reference, path, row = references.get(name), greedy.get(prompt), margins.get(prompt)
+        reference, path, row = references.get(name), margin_paths.get(prompt), margins.get(prompt)
         known = (reference is not None and path is not None and row is not None
-                 and index < min(len(reference), len(path), len(row))
-                 and list(reference[: index + 1]) == list(path[: index + 1]))
+                 and index < min(len(reference), len(row))
+                 and list(reference[:index]) == list(path[:index]))
         found[name] = row[index] if known and row is not None else None
     return found
 
