@@ -1,5 +1,6 @@
-"""The acceptance-length evaluation tool: prompts, run specs, aggregation, reports, the command line, and the
-HTTP backend against a real lab server on 127.0.0.1 (ephemeral port)."""
+"""The acceptance-length evaluation tool: prompts, run specs, aggregation, reports, the command line (on the dense
+and the hybrid shipped pair, beside ``bench.tau``), and the HTTP backend against a real lab server on 127.0.0.1
+(ephemeral port)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from ddtree_runtime.bench.tau import main as bench_tau_main
 from ddtree_runtime.eval.__main__ import main as eval_main
 from ddtree_runtime.eval.backends import (
     SHIPPED_DRAFTER,
+    SHIPPED_HYBRID_DRAFTER,
+    SHIPPED_HYBRID_TARGET,
     SHIPPED_TARGET,
     EvalError,
     HttpBackend,
@@ -217,6 +221,39 @@ def test_cli_on_the_shipped_pair_writes_json_and_markdown(tmp_path, capsys):
     assert [p["name"] for p in report["runs"][0]["prompts"]] == ["gcd", "flatten"]
     assert "| pivot-coder-tiny-dflash |" in out_md.read_text()
     assert capsys.readouterr().out.strip() == out_md.read_text().strip()
+
+
+def test_cli_on_the_shipped_hybrid_pair_writes_json_and_markdown(tmp_path, capsys):
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    pair = ["--target", str(SHIPPED_HYBRID_TARGET), "--drafter", str(SHIPPED_HYBRID_DRAFTER)]
+    argv = [*pair, "--tasks", "gcd,flatten", "--budgets", "8", "--max-new-tokens", "24", "--warmup-tokens", "0"]
+    assert eval_main([*argv, "--json", str(out_json), "--markdown", str(out_md), "--quiet"]) == 0
+    report = json.loads(out_json.read_text())
+    assert report["backend"]["architecture"] == "Qwen35ForCausalLM"
+    ar, chain, tree = report["runs"]
+    assert [r["label"] for r in report["runs"]] == ["AR", "DFlash chain", "DDTree-8"]
+    assert chain["matches_ar"] is True and tree["matches_ar"] is True
+    for run in (chain, tree):
+        assert [p["text"] for p in run["prompts"]] == [p["text"] for p in ar["prompts"]]
+        for prompt in run["prompts"]:
+            lengths = prompt["acceptance_lengths"]
+            assert len(lengths) == prompt["rounds"] and prompt["tau"] == pytest.approx(sum(lengths) / len(lengths))
+        assert run["mean_tau"] > 1.0
+    assert ar["mean_tau"] == 1.0 and ar["tokens"] == chain["tokens"] == tree["tokens"] > 0
+    assert "| pivot-coder-tiny-hybrid-dflash |" in out_md.read_text()
+    assert capsys.readouterr().out.strip() == out_md.read_text().strip()
+
+
+def test_bench_tau_runs_the_shipped_hybrid_pair(capsys):
+    pair = ["--target", str(SHIPPED_HYBRID_TARGET), "--drafter", str(SHIPPED_HYBRID_DRAFTER)]
+    bench_tau_main([*pair, "--prompts", "2", "--max-new-tokens", "16", "--budgets", "8"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [cells[0].strip() for cells in rows[1:]] == ["ar", "dflash {'draft_tokens': 16}",
+                                                      "ddtree {'draft_tokens': 16, 'budget': 8}"]
+    taus = [float(cells[1]) for cells in rows[1:]]
+    assert taus[0] == 1.0 and min(taus[1:]) > 1.0
+    assert [int(cells[2]) for cells in rows[1:]] == [32] * 3
+    assert [cells[4].strip() for cells in rows[1:]] == ["yes"] * 3
 
 
 @pytest.mark.parametrize(

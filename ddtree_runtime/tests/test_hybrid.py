@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,13 +71,20 @@ small enough that float32 rounding stays below the 1e-5 tolerance: at std 0.2 tr
 already differ from its own float64 run by 6e-5."""
 
 
-def spread_weights_(model: torch.nn.Module, seed: int) -> None:
+LAYOUT_WEIGHT_STD = 0.06
+"""The same for the checkpoint variants below, whose deeper DeltaNet stacks amplify float32 rounding: at std 0.1
+transformers' float32 logits and ours drift up to 7e-5 apart on the 3:1 stacks (up to 2.4e-5 on the 1:1 one, seed
+dependent), while both in float64 (transformers' internal float32 casts patched out) agree to 1e-7. At 0.06 the
+largest float32 gap over six seeds per variant stays below 6e-6 and the logits still span more than a unit."""
+
+
+def spread_weights_(model: torch.nn.Module, seed: int, std: float = WEIGHT_STD) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("A_log", "dt_bias")):
                 continue
-            scale = 0.3 if "norm" in name else WEIGHT_STD
+            scale = 0.3 if "norm" in name else std
             offset = 1.0 if "linear_attn.norm" in name else 0.0
             param.copy_(torch.randn(param.shape, generator=generator) * scale + offset)
 
@@ -111,6 +121,76 @@ def test_multimodal_checkpoint_logits_and_features_equal_transformers(hf_multimo
     torch.testing.assert_close(out.logits, expected.logits[0], rtol=0, atol=1e-5)
     features = torch.cat([expected.hidden_states[i + 1][0] for i in layers], dim=-1)
     torch.testing.assert_close(out.features, features, rtol=0, atol=1e-5)
+
+
+THREE_TO_ONE = ["linear_attention"] * 3 + ["full_attention"]
+ONE_TO_ONE = ["linear_attention", "full_attention"] * 2
+
+
+@dataclass(frozen=True)
+class CheckpointVariant:
+    """Text settings and outer (multimodal) settings of a transformers checkpoint, and what loading it must give."""
+
+    text: dict
+    layer_types: list[str]
+    outer: dict = field(default_factory=dict)
+    interval_only: bool = False
+    """Rewrite the saved ``text_config`` to carry the pattern only as ``full_attention_interval``, as a hand-written
+    config may (transformers itself always writes the expanded ``layer_types``)."""
+    rotary_dim: int = 4
+
+
+CHECKPOINT_VARIANTS = {
+    "3to1-as-layer_types": CheckpointVariant(
+        {**{k: v for k, v in HF_TEXT.items() if k != "full_attention_interval"}, "layer_types": THREE_TO_ONE},
+        THREE_TO_ONE),
+    "3to1-from-full_attention_interval": CheckpointVariant(
+        {**HF_TEXT, "num_hidden_layers": 8, "full_attention_interval": 4}, THREE_TO_ONE * 2, interval_only=True),
+    "2to1-from-a-non-default-interval": CheckpointVariant(
+        {**HF_TEXT, "num_hidden_layers": 6, "full_attention_interval": 3},
+        ["linear_attention", "linear_attention", "full_attention"] * 2, interval_only=True),
+    "tied-word-embeddings": CheckpointVariant(dict(HF_TEXT), ONE_TO_ONE, outer={"tie_word_embeddings": True}),
+    "partial-rotary-0.5": CheckpointVariant(
+        {**HF_TEXT, "rope_parameters": {**HF_TEXT["rope_parameters"], "partial_rotary_factor": 0.5}}, ONE_TO_ONE,
+        rotary_dim=8),
+}
+
+
+def save_hf_multimodal(directory: Path, variant: CheckpointVariant) -> None:
+    transformers = pytest.importorskip("transformers", reason="parity check needs the [reference] extra")
+    config = transformers.Qwen3_5Config(text_config=dict(variant.text), vision_config=dict(HF_VISION),
+                                        **HF_VISION_TOKENS, **variant.outer)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    spread_weights_(model.model.language_model, 1, LAYOUT_WEIGHT_STD)
+    if not model.config.tie_word_embeddings:
+        spread_weights_(model.lm_head, 2, LAYOUT_WEIGHT_STD)
+    model.save_pretrained(directory)
+    if variant.interval_only:
+        raw = json.loads((directory / "config.json").read_text())
+        del raw["text_config"]["layer_types"]
+        raw["text_config"]["full_attention_interval"] = variant.text["full_attention_interval"]
+        (directory / "config.json").write_text(json.dumps(raw))
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINT_VARIANTS))
+def test_checkpoint_variants_load_with_transformers_logits(tmp_path, name):
+    """The layouts a Qwen3.5/3.6 checkpoint comes in: both libraries read the same directory, agree on its layer
+    pattern, and give the same float32 logits over 100 tokens (across the 64-token DeltaNet chunk boundary)."""
+    transformers = pytest.importorskip("transformers", reason="parity check needs the [reference] extra")
+    variant = CHECKPOINT_VARIANTS[name]
+    save_hf_multimodal(tmp_path, variant)
+    reference = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(tmp_path).eval()
+    ours = load_target(tmp_path)
+    assert ours.config.layer_types == reference.config.text_config.layer_types == variant.layer_types
+    assert ours.config.rotary_dim == variant.rotary_dim
+    tied = ours.lm_head.weight is ours.model.embed_tokens.weight
+    assert tied == ours.config.tie_word_embeddings == variant.outer.get("tie_word_embeddings", False)
+    ids = torch.randint(0, 44, (100,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = reference(input_ids=ids[None]).logits[0]
+    assert float(expected.abs().max()) > 1.0
+    torch.testing.assert_close(ours(ids, torch.arange(100), ours.new_cache()).logits, expected, rtol=0, atol=1e-5)
 
 
 def test_cached_decoding_equals_transformers_with_its_own_cache(hf_multimodal):
@@ -379,18 +459,76 @@ def test_state_after_commit_equals_a_chain_prefill_of_the_committed_tokens(hybri
     assert_hybrid_state_equals_chain_prefill(hybrid_oracle.target, result.target_cache, prompt + result.tokens[:-1])
 
 
-def test_sampled_ddtree_matches_the_exact_autoregressive_distribution():
+class ForwardRecorder:
+    """Records, through module hooks, each forward of a target (its token count and whether it got a tree mask)
+    and the token count of every call of each of its decoder layers."""
+
+    def __init__(self, target: Qwen35ForCausalLM) -> None:
+        self.forwards: list[tuple[int, bool]] = []
+        self.layer_calls: dict[int, list[int]] = {index: [] for index in range(len(target.model.layers))}
+        self.handles = [target.register_forward_pre_hook(self._on_forward, with_kwargs=True)]
+        for index, layer in enumerate(target.model.layers):
+            self.handles.append(layer.register_forward_pre_hook(self._on_layer(index)))
+
+    def _on_forward(self, _module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        self.forwards.append((args[0].shape[0], kwargs.get("attention_mask") is not None))
+
+    def _on_layer(self, index: int) -> Callable[[torch.nn.Module, tuple], None]:
+        def record(_module: torch.nn.Module, args: tuple) -> None:
+            self.layer_calls[index].append(args[0].shape[0])
+
+        return record
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_ddtree_round_is_one_target_forward_over_the_whole_tree(hybrid_decoder, temperature):
+    """The prefill and then, per verify round, exactly one target forward holding the bonus and every tree node,
+    in which each decoder layer (Gated DeltaNet and attention) runs once over all of them: siblings' recurrent
+    states come from that single pass, not from re-running the layers per path."""
+    prompt = [12, 19, 2, 27, 3]
+    params = SamplingParams(temperature=temperature, max_new_tokens=24, seed=7)
+    recorder = ForwardRecorder(hybrid_decoder.target)
+    try:
+        result = hybrid_decoder.generate(prompt, params, "ddtree", draft_tokens=16, budget=16)
+    finally:
+        recorder.remove()
+    stats = result.stats
+    assert len(recorder.forwards) == 1 + stats.rounds
+    assert recorder.forwards[0] == (len(prompt), False)
+    assert recorder.forwards[1:] == [(size + 1, True) for size in stats.tree_sizes]
+    # 16 nodes under a depth limit of 15: every full tree has siblings somewhere.
+    assert max(stats.tree_sizes) == 16
+    assert all(calls == [count for count, _mask in recorder.forwards] for calls in recorder.layer_calls.values())
+    if temperature == 0.0:
+        assert result.tokens == hybrid_decoder.generate(prompt, params, "ar").tokens
+
+
+@pytest.fixture(scope="module")
+def hybrid_sampling_setup() -> tuple[SpeculativeDecoder, dict[tuple[int, ...], float]]:
+    decoder = make_hybrid_decoder(vocab=SAMPLE_VOCAB, seed=11, std=0.5)
+    return decoder, exact_sequence_distribution(decoder, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs"),
+    [("ddtree", {"budget": 8, "draft_tokens": 4}), ("dflash", {"draft_tokens": 4})],
+)
+def test_sampled_decoding_matches_the_exact_autoregressive_distribution(hybrid_sampling_setup, method, kwargs):
     """Distributional losslessness at temperature 1 on the hybrid target, as
     ``test_decoding.test_sampled_decoding_matches_the_exact_autoregressive_distribution`` checks the dense one
-    (same Bernstein bounds, 3000 fixed seeds, false-failure probability < 1e-6). Trees of budget 8 and
-    4 draft tokens accept several tokens per round here, so multi-token commits of recurrent state are sampled."""
-    decoder = make_hybrid_decoder(vocab=SAMPLE_VOCAB, seed=11, std=0.5)
-    exact = exact_sequence_distribution(decoder, 1.0)
+    (same Bernstein bounds, 3000 fixed seeds, false-failure probability < 1e-6), for DDTree and the DFlash chain.
+    Trees of budget 8 and chains of 4 draft tokens accept several tokens in some rounds here, so multi-token commits
+    of recurrent state (``compact`` for the tree path, ``crop`` for the chain) are sampled."""
+    decoder, exact = hybrid_sampling_setup
     counts: Counter = Counter()
     longest = 1
     for seed in range(SAMPLES):
         params = SamplingParams(temperature=1.0, max_new_tokens=SAMPLE_TOKENS, seed=seed)
-        result = decoder.generate(SAMPLE_PROMPT, params, "ddtree", budget=8, draft_tokens=4)
+        result = decoder.generate(SAMPLE_PROMPT, params, method, **kwargs)
         counts[tuple(result.tokens)] += 1
         longest = max(longest, *result.stats.acceptance_lengths)
     assert longest >= 2
