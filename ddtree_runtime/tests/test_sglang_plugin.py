@@ -283,3 +283,38 @@ def test_merge_refuses_an_impossible_k() -> None:
     values, ids, log_z = local_topk(torch.randn(2, 4), 3, 0)
     with pytest.raises(ValueError, match="k must be"):
         merge_sharded_topk([values], [ids], [log_z], 5)
+
+
+def _server_args(**changes: object) -> object:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    fields = {"speculative_num_draft_tokens": 16, "speculative_draft_model_path": "z-lab/drafter",
+              "model_path": "Qwen/Qwen3.6-27B", "device": "cuda", "page_size": 1, "attention_backend": "triton"}
+    return SimpleNamespace(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"attention_backend": "fa3"}, "--attention-backend fa3 cannot verify DDTree trees"),
+    ({"speculative_draft_attention_backend": "fa4"}, "--speculative-draft-attention-backend fa4"),
+    ({"linear_attn_verify_backend": "flashinfer"}, "--linear-attn-verify-backend flashinfer does not verify trees"),
+    ({"page_size": 16}, "needs --page-size 1"),
+    ({"device": "cpu"}, "runs on CUDA only"),
+    ({"speculative_num_draft_tokens": 17}, "must be in 2..16"),
+    ({"speculative_draft_model_path": None}, "needs --speculative-draft-model-path"),
+    ({"pp_size": 2}, "supports only --pp-size 1"),
+])
+def test_server_args_ddtree_refuses_are_judged_without_sglang(changes: dict[str, object], message: str) -> None:
+    """The plugin's server-args rules live in a module without SGLang, so the lab's stand-in and SGLang's own
+    resolution (through the registration) judge a command line by the same rules."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from ddtree_runtime.sglang.server_args_rules import validate_server_args  # noqa: PLC0415
+
+    validate_server_args(_server_args())
+    with pytest.raises(ValueError, match="--speculative-algorithm DDTREE: ") as refused:
+        validate_server_args(_server_args(**changes))
+    assert message in str(refused.value)
+    probe = ("import sys, ddtree_runtime.sglang.server_args_rules; "
+             "sys.exit(any(m == 'sglang' or m.startswith('sglang.') or m == 'torch' for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
