@@ -122,7 +122,7 @@ def answer(body: dict[str, Any], algorithm: str | None, rng: random.Random, toke
             tokens = [rng.choices(range(10), weights=range(1, 11))[0] for _unused in range(count)]
         else:
             chosen = os.environ.get("FAKE_SGLANG_DIVERGE")
-            diverge = index == 0 and (chosen == algorithm is not None
+            diverge = index == 0 and ((algorithm is not None and chosen == algorithm)
                                       or (chosen == "logprobs" and algorithm is None and body.get("return_logprob")))
             tokens = greedy(ids, count if eos_after is None else min(count, eos_after), stop, diverge, grammar)
         meta: dict[str, Any] = {"completion_tokens": len(tokens)}

@@ -72,7 +72,10 @@ zstandard.ZstdDecompressor(max_window_size=1 << 27).copy_stream(sys.stdin.buffer
   exec "$@"
   ;;
 env)
-  [ -f "$site/.complete" ] && [ -d "$root/ddtree" ] || { echo "device.sh env: no prepared bundle; use device.sh run first" >&2; exit 2; }
+  if [ ! -f "$site/.complete" ] || [ ! -d "$root/ddtree" ]; then
+    echo "device.sh env: no prepared bundle; use device.sh run first" >&2
+    exit 2
+  fi
   bundle_environment
   exec "$@"
   ;;

@@ -143,8 +143,18 @@ def assert_training_untouched(before: Training, after: Training) -> None:
     assert after.signal_lines == before.signal_lines, f"the job got signals: {after.signal_lines[-4:]}"
 
 
-def assert_serving_untouched(before: Serving, after: Serving) -> None:
+RELEASE_PREPARATION_DIRS = ("/etc/sglang/releases", "/opt/pivot")
+"""Where phases 2-3 prepare a release beside what serves (its venv, wheelhouse, source and rendered unit)."""
+
+
+def assert_serving_untouched(before: Serving, after: Serving, *, release_prepared: bool = False) -> None:
+    """Nothing on pro6000 changed: the unit, the server and every file the probe watches. With
+    ``release_prepared`` the release Pivot prepared beside the baseline (:data:`RELEASE_PREPARATION_DIRS`) may
+    have appeared; everything else must be as it was."""
     changed = sorted(p for p in before.files.keys() | after.files.keys() if before.files.get(p) != after.files.get(p))
+    if release_prepared:
+        changed = [p for p in changed
+                   if not any(p == d or p.startswith(d + "/") for d in RELEASE_PREPARATION_DIRS)]
     assert not changed, f"files changed on pro6000: {changed}"
     assert after.current == before.current
     assert after.unit == before.unit, f"the unit changed: {before.unit} -> {after.unit}"

@@ -1,12 +1,15 @@
-"""Bad inputs stop pivot.yml in phase 0 (validation on the controller) or phase 1 (preflight on the hosts), with a
-message naming the input, while the training job keeps running and the baseline keeps serving, untouched."""
+"""Bad inputs stop pivot.yml in phase 0 (validation on the controller), phase 1 (preflight on the hosts) or phase 3
+(the release validated with its own venv's SGLang), with a message naming the input, while the training job keeps
+running and the baseline keeps serving, untouched."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pivotlab
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
@@ -98,3 +101,37 @@ def test_missing_drafter_fails_in_preflight_and_touches_nothing(
     # controller takes it over (test_pivot_lock.py).
     for lock in (after_training.lock, after_serving.lock):
         assert lock is not None and lock["run_id"] == run.run_id
+
+
+SERVING_VARS = pivotlab.REPO / "inventory" / "production" / "group_vars" / "serving.yml"
+RELEASE_REFUSALS = {
+    # SGLang's own parser, in the release venv, refuses a flag it does not know (argparse, exit 2).
+    "unknown-flag": ({"no-such-flag": 1}, ["--no-such-flag"]),
+    # The plugin's validate_server_args, run through SGLang's own hook, refuses a backend it cannot verify trees on.
+    "plugin-refuses-fa3": ({"attention-backend": "fa3"}, ["--attention-backend fa3 cannot verify DDTree trees"]),
+}
+
+
+@pytest.mark.parametrize("case", RELEASE_REFUSALS, ids=list(RELEASE_REFUSALS))
+def test_a_release_its_own_sglang_refuses_fails_before_the_stop_and_touches_nothing(
+    case: str, training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """Issue 13: every check that can run while training still runs does, so a flag the release cannot start with
+    costs nothing: the pivot ends in phase 3, before the training stop."""
+    flags, expected = RELEASE_REFUSALS[case]
+    common = yaml.safe_load(SERVING_VARS.read_text())["pivot_serving_common_args"]
+    job = training()
+
+    run = pivotlab.run_playbook("pivot.yml", json.dumps({"pivot_serving_common_args": {**common, **flags}}))
+
+    assert run.rc != 0, run.summary()
+    for fragment in expected:
+        assert fragment in run.message, run.summary()
+    assert run.report is not None and run.report["status"] == "failed"
+    phases = run.phase_names()
+    assert "sglang_release_prepare" in phases and not {"stop_training", "gpu_release", "sglang_release"} & set(
+        phases), phases
+    assert run.phase("sglang_release_prepare", "pro6000")["status"] == "failed"
+    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
+    pivotlab.assert_training_untouched(job, after_training)
+    pivotlab.assert_serving_untouched(baseline, after_serving, release_prepared=True)
