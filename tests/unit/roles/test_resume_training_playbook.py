@@ -54,7 +54,7 @@ class Controller:
         return ["--checkpoint-dir", str(self.checkpoints), "--log-file", str(self.log), "--step-seconds", "0.05",
                 "--checkpoint-seconds", "0", "--save-every", "0", "--gpus", "0,1", "--gpu-mib", "4096"]
 
-    def write_inventory(self, **resume: object) -> None:
+    def write_inventory(self, host_vars: dict | None = None, **resume: object) -> None:
         host = {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
@@ -73,6 +73,7 @@ class Controller:
             "run_lock_path": str(self.root / "run" / "pivot.lock"),
             "resume_training_state_dir": str(self.root / "host-state"),
             "resume_training_poll_delay": 1,
+            **(host_vars or {}),
         }
         inventory = {"all": {"children": {"training": {"hosts": {"ct200": host}}}}}
         (self.root / "hosts.yml").write_text(yaml.safe_dump(inventory))
@@ -143,8 +144,12 @@ class Controller:
 
 
 def failures(result: dict) -> list[str]:
-    return [" ".join(str(res.get("msg", "")).split()) for play in result.get("plays", []) for task in play["tasks"]
-            for res in task["hosts"].values() if res.get("failed") and not res.get("ignore_errors")]
+    """The failure messages, a looped task's per item (its own message is only "One or more items failed")."""
+    failed = [res for play in result.get("plays", []) for task in play["tasks"] for res in task["hosts"].values()
+              if res.get("failed") and not res.get("ignore_errors")]
+    items = [[item for item in res.get("results", []) if item.get("failed") or item.get("evaluated_to") is False]
+             or [res] for res in failed]
+    return [" ".join(str(item.get("msg", "")).split()) for found in items for item in found]
 
 
 def results(result: dict, task_name: str) -> list[dict]:
@@ -209,14 +214,58 @@ def test_without_a_record_nothing_is_started(controller):
     assert controller.report(result)["phases"][-1]["status"] == "failed"
 
 
-def test_a_placeholder_in_the_command_is_refused(controller):
+def ran_tasks(result: dict) -> list[str]:
+    return [task["task"]["name"].split(" : ")[-1] for play in result.get("plays", []) for task in play["tasks"]
+            if any(not res.get("skipped") for res in task["hosts"].values())]
+
+
+@pytest.mark.parametrize(("inventory", "said"), [
+    ({"command": ["/root/run.sh", "<CONFIRM: the trainer's resume option>", "{checkpoint}"]},
+     "pivot_training_resume.command still holds the placeholder <CONFIRM: the trainer's resume option>: replace it "
+     "with how the trainer takes the checkpoint to resume from"),
+    ({"host_vars": {"pivot_training_log_file": "<TRAINING_LOG_FILE>"}},
+     "pivot_training_log_file still holds the placeholder <TRAINING_LOG_FILE>: replace it with an absolute path on "
+     "the training host"),
+    ({"host_vars": {"pivot_training_log_file": "train.log"}, "chdir": "trainsim"},
+     "pivot_training_log_file must be an absolute path on the training host; got train.log; "
+     "pivot_training_resume.chdir must be an absolute path on the training host; got trainsim"),
+])
+def test_bad_inputs_are_refused_in_phase_0_before_anything_is_touched(controller, inventory, said):
     controller.train("--total-steps", "20")
     controller.record_stop(20)
-    controller.write_inventory(command=["/root/run.sh", "<CONFIRM: the trainer's resume option>", "{checkpoint}"])
+    controller.write_inventory(**inventory)
+    started = time.monotonic()
     result = controller.run()
     assert result["rc"] != 0
-    assert any("still holds a placeholder: <CONFIRM: the trainer's resume option>" in msg for msg in failures(result))
+    [message] = failures(result)
+    assert message.startswith(f"Invalid inputs for resuming training on ct200, nothing was touched: {said}")
+    assert message.endswith("Fix them in the inventory (inventory/production/group_vars/training.yml) or with -e, then "
+                            "run again.")
+    assert ran_tasks(result)[-1] == "Check the resume's variables"
+    assert [play["play"]["name"] for play in result["plays"]] == ["Phase 0: validate inputs"]
+    assert time.monotonic() - started < 60  # ansible-playbook's own start, not a wait
+    assert not (controller.root / "run").exists(), "no lock was taken"
+    assert not controller.artifacts.exists() and not (controller.root / "host-state").exists()
     assert controller.job_pids() == []
+
+
+def test_rollback_with_the_resume_refuses_a_placeholder_before_it_touches_the_server(controller):
+    controller.write_inventory(command=["/root/run.sh", "<CONFIRM: the trainer's resume option>", "{checkpoint}"])
+    inventory = yaml.safe_load((controller.root / "hosts.yml").read_text())
+    # a serving host no task may reach: phase 0 must refuse before any play runs on it
+    inventory["all"]["children"]["serving"] = {"hosts": {"pro6000": {"ansible_host": "192.0.2.1"}}}
+    (controller.root / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(controller.root / "hosts.yml"),
+           "playbooks/rollback_nextn.yml", "-e", "resume_training_after_rollback=true"]
+    proc = subprocess.run(cmd, cwd=REPO, env=controller.env, capture_output=True, text=True,
+                          timeout=PLAYBOOK_TIMEOUT_S, check=False)
+    result = json.loads(proc.stdout)
+    assert proc.returncode != 0
+    assert [play["play"]["name"] for play in result["plays"]] == ["Phase 0: name the run"]
+    assert len(failures(result)) == 1
+    assert failures(result)[0].startswith("Invalid inputs for resuming training on ct200, nothing was touched: "
+                                          "pivot_training_resume.command still holds the placeholder <CONFIRM: ")
+    assert ran_tasks(result)[-1] == "Check the resume's variables"
 
 
 def test_after_a_forced_stop_it_resumes_from_the_checkpoint_before_it(controller):
@@ -233,3 +282,24 @@ def test_after_a_forced_stop_it_resumes_from_the_checkpoint_before_it(controller
     while "step=21 " not in controller.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert f"Resuming from checkpoint {controller.checkpoint(20)}" in controller.log.read_text()
+
+
+def test_the_role_alone_refuses_a_placeholder_with_the_same_rule(controller):
+    """A caller without phase 0 (the role included directly) gets the same refusal before its first look at the
+    host."""
+    play = [{"name": "The role alone", "hosts": "ct200", "gather_facts": False, "tasks": [{
+        "name": "Resume", "ansible.builtin.include_role": {"name": "pivot.ops.resume_training"},
+        "vars": {"resume_training_job": {"cmdline_match": [controller.trainer]},
+                 "resume_training_command": ["/root/run.sh", "--resume=<CONFIRM: option>{checkpoint}"],
+                 "resume_training_log_file": str(controller.log)}}]}]
+    playbook = controller.root / "role.yml"
+    playbook.write_text(yaml.safe_dump(play))
+    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(controller.root / "hosts.yml"), str(playbook)]
+    proc = subprocess.run(cmd, cwd=REPO, env=controller.env, capture_output=True, text=True,
+                          timeout=PLAYBOOK_TIMEOUT_S, check=False)
+    result = json.loads(proc.stdout)
+    assert proc.returncode != 0
+    [message] = failures(result)
+    assert message.startswith("The resume command for ct200 still holds a placeholder: <CONFIRM: option> "
+                              "(pivot_training_resume.command: /root/run.sh --resume=<CONFIRM: option>{checkpoint})")
+    assert ran_tasks(result)[-1] == "Check the resume command holds no placeholder"
