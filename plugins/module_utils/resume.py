@@ -6,6 +6,11 @@
 usable, whether the restarted job really trains, and the host's record of the job Pivot started (so that a second run
 recognises it, and a job Pivot did not start is refused instead of duplicated).
 
+A checkpoint is usable when it is still there and complete: its marker, when the trainer writes one; else the size the
+stop recorded when it confirmed it; else (a checkpoint named for this run, of a trainer that writes no marker) the
+stop's own rule for a checkpoint without a marker, watched now (:class:`checkpoint.CheckpointWatcher`: unchanged for
+``settle_seconds``, not empty, no file in it open for writing).
+
 A job "really trains" when (1) it has at least the expected number of processes, (2) its log shows, in what was written
 since the start, a step after the checkpoint's step, and (3) every expected GPU has memory in use. A first logged step
 at or below the checkpoint's step means the trainer did not resume from it (it started over, or from elsewhere).
@@ -13,14 +18,21 @@ at or below the checkpoint's step means the trainer did not resume from it (it s
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 from ansible_collections.pivot.ops.plugins.module_utils.checkpoint import (
+    COMPLETE,
+    DEFAULT_SETTLE_SECONDS,
+    EMPTY,
     CheckpointSpec,
+    CheckpointWatcher,
+    describe_entry,
     entry_signature,
     list_entries,
     parse_step,
@@ -31,6 +43,8 @@ from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcessInf
 PLACEHOLDER = re.compile(r"\{(checkpoint|checkpoint_name|step)\}")
 RECORD_NAME = "resume.json"
 LOG_WINDOW = 65536  # bytes read at each end of what the log gained since the start
+# A checkpoint judged by the settle rule that has not settled within this many settle periods is still being written.
+SETTLE_WATCH_FACTOR = 2
 
 TRAINING = "training"  # every condition holds
 STARTING = "starting"  # not yet: some condition does not hold yet
@@ -69,13 +83,44 @@ def names_checkpoint(template: list) -> bool:
 # --- the checkpoint -----------------------------------------------------------------------------------------------
 
 
+def _no_progress(_detail: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class SettleWatch:
+    """How a checkpoint with neither a marker nor a recorded size is watched for the stop's settle rule."""
+
+    settle_seconds: float = DEFAULT_SETTLE_SECONDS
+    poll_interval: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    on_wait: Callable[[str], None] = _no_progress  # told what the watch has seen, before each sleep
+
+
 def checkpoint_problem(
     path: str,
     marker: str | None,
     size_bytes: int | None,
     writers: Callable[[str], list] = writers_inside,
+    watch: SettleWatch | None = None,
 ) -> str | None:
-    """Why the checkpoint cannot be resumed from (a phrase that follows its path), or None when it can."""
+    """Why the checkpoint cannot be resumed from (a phrase that follows its path), or None when it can. Without a
+    marker and a recorded size, it must settle (:func:`settle_problem`), which takes ``settle_seconds`` of watching."""
+    path = path.rstrip("/") or "/"
+    problem = _content_problem(path, marker, size_bytes)
+    if problem:
+        return problem
+    busy = writers(path)
+    if busy:
+        return "is being written by PID %s" % ", ".join(str(pid) for pid in busy)
+    if marker or size_bytes is not None:
+        return None
+    return settle_problem(path, watch or SettleWatch(), writers)
+
+
+def _content_problem(path: str, marker: str | None, size_bytes: int | None) -> str | None:
+    """What one look shows: the checkpoint gone, its marker missing, nothing in it, its size not the recorded one."""
     if not os.path.lexists(path):
         return "is gone: nothing is at that path any more"
     if marker and not os.path.exists(os.path.join(path, marker)):
@@ -85,10 +130,41 @@ def checkpoint_problem(
         return "is empty"
     if size_bytes is not None and signature.size != size_bytes:
         return "changed since the stop confirmed it: %d bytes then, %d now" % (size_bytes, signature.size)
-    busy = writers(path)
-    if busy:
-        return "is being written by PID %s" % ", ".join(str(pid) for pid in busy)
     return None
+
+
+def _seconds(value: float) -> str:
+    """``60``, ``0.4``: seconds as a person writes them."""
+    return "%g" % round(value, 1)
+
+
+def settle_problem(path: str, watch: SettleWatch, writers: Callable[[str], list] = writers_inside) -> str | None:
+    """The stop's rule for "complete" without a marker, applied by the stop's own watcher (``CheckpointWatcher``;
+    docs/modules.md, "When a checkpoint is complete"): unchanged for ``settle_seconds`` of watching, not empty, no file
+    in it open for writing. No baseline is taken, so the entry counts as new and is watched from now. One that has not
+    settled within ``SETTLE_WATCH_FACTOR`` settle periods is still being written (or copied back)."""
+    spec = CheckpointSpec(os.path.dirname(path), glob.escape(os.path.basename(path)),
+                          settle_seconds=watch.settle_seconds)
+    watcher = CheckpointWatcher(spec, clock=watch.clock, writers=writers)
+    started = watch.clock()
+    limit = SETTLE_WATCH_FACTOR * watch.settle_seconds
+    while True:
+        entry = next(iter(watcher.poll()), None)
+        if entry is None:
+            return "is gone: nothing is at that path any more"
+        if entry.state == COMPLETE:
+            return None
+        if entry.state == EMPTY:
+            return "is empty"
+        waited = watch.clock() - started
+        if waited >= limit:
+            return (
+                "has not settled within %s s: with no marker and no size recorded by a stop, it counts as complete "
+                "once its files stay unchanged for settle_seconds (%s s) with none open for writing; last seen: %s"
+                % (_seconds(waited), _seconds(watch.settle_seconds), describe_entry(entry))
+            )
+        watch.on_wait("%s, watched %s of at most %s s" % (describe_entry(entry), _seconds(waited), _seconds(limit)))
+        watch.sleep(max(0.0, min(watch.poll_interval, limit - waited)))
 
 
 def newer_checkpoints(

@@ -15,8 +15,9 @@ description:
     the module confirms it trains. When a job runs that it did not start, the task fails naming it and starts nothing,
     so there are never two trainers.
   - Otherwise it checks that O(checkpoint) is still there and complete (its O(checkpoint_marker); the size the stop
-    recorded, O(checkpoint_size_bytes); no process writing into it) and that no complete checkpoint with a higher step
-    lies beside it (training ran after the recorded stop; O(allow_newer_checkpoints) accepts that), then that the
+    recorded, O(checkpoint_size_bytes); no process writing into it; with neither a marker nor a size, the stop's
+    settle rule, watched for up to twice O(checkpoint_settle_seconds)) and that no complete checkpoint with a higher
+    step lies beside it (training ran after the recorded stop; O(allow_newer_checkpoints) accepts that), then that the
     O(gpus) are free (at most O(gpu_free_max_mib) used and no compute process), waiting up to O(gpu_free_timeout).
     A failed check names what is wrong (each GPU holder with PID, command and memory) and starts nothing.
   - Then it starts O(command), with C({checkpoint}), C({checkpoint_name}) and C({step}) replaced, detached from the
@@ -38,8 +39,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Makes every check (job, checkpoint, GPUs, taking one GPU reading instead of waiting) and reports the
-      command it would start; starts nothing and writes nothing.
+    details: Makes every check (job, checkpoint, GPUs, taking one GPU reading instead of waiting; a checkpoint judged
+      by the settle rule is still watched) and reports the command it would start; starts nothing and writes nothing.
   diff_mode:
     support: full
     details: Shows the job's command lines before and the command started after.
@@ -64,6 +65,15 @@ options:
     description:
       - File inside the checkpoint directory whose presence marks it complete (the trainer writes it last).
     type: str
+  checkpoint_settle_seconds:
+    description:
+      - When there is neither O(checkpoint_marker) nor O(checkpoint_size_bytes) (a checkpoint named for this run, of a
+        trainer that writes no marker), the checkpoint counts as complete by the rule M(pivot.ops.stop_training)
+        applies to a new checkpoint without a marker, once its files (total size, count, newest modification time)
+        stay unchanged for this many seconds of watching, it is not empty, and none is open for writing. One that has
+        not settled within twice this time is refused as still being written. Check mode watches too.
+    type: float
+    default: 30
   checkpoint_glob:
     description:
       - Shell pattern of checkpoint entries beside O(checkpoint), to find newer ones.
@@ -404,6 +414,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
     Launch,
     Observation,
     ResumeError,
+    SettleWatch,
     checkpoint_problem,
     describe,
     judge,
@@ -639,9 +650,18 @@ class TrainingResume:
 
     # --- checks before a start ------------------------------------------------------------------------------------
 
+    def settle_watch(self) -> SettleWatch:
+        """The stop's settle rule, for a checkpoint with neither a marker nor a recorded size; its wait is shown."""
+        def on_wait(detail: str) -> None:
+            self.progress.update("checkpoint", "waiting for checkpoint %s to settle (no marker, no recorded size): %s"
+                                 % (self.checkpoint, detail))
+
+        return SettleWatch(settle_seconds=self.params["checkpoint_settle_seconds"],
+                           poll_interval=self.params["poll_interval"], on_wait=on_wait)
+
     def check_checkpoint(self) -> None:
         problem = checkpoint_problem(self.checkpoint, self.params["checkpoint_marker"],
-                                     self.params["checkpoint_size_bytes"])
+                                     self.params["checkpoint_size_bytes"], watch=self.settle_watch())
         if problem:
             self.fail("The checkpoint to resume from, %s, %s. Nothing was started. Find a complete checkpoint (the "
                       "report of the pivot that stopped the job names the one it confirmed and the one before) and "
@@ -907,6 +927,7 @@ def argument_spec() -> dict:
         checkpoint_step=dict(type="int"),
         checkpoint_size_bytes=dict(type="int"),
         checkpoint_marker=dict(type="str"),
+        checkpoint_settle_seconds=dict(type="float", default=30),
         checkpoint_glob=dict(type="str", default="*"),
         checkpoint_step_regex=dict(type="str", default=r"(\d+)(?!.*\d)"),
         allow_newer_checkpoints=dict(type="bool", default=False),
@@ -951,7 +972,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     if not module.params["command"]:
         module.fail_json(msg="command is empty: give the job's command line, one argument per element.")
-    for name in ("timeout", "poll_interval", "gpu_free_timeout"):
+    for name in ("timeout", "poll_interval", "gpu_free_timeout", "checkpoint_settle_seconds"):
         if module.params[name] < 0:
             module.fail_json(msg="%s must be zero or more seconds, got %s." % (name, module.params[name]))
     if module.params["expect_processes"] < 1:

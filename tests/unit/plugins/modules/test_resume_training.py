@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -267,6 +268,41 @@ def test_a_checkpoint_that_is_gone_or_incomplete_refuses(run_module, world, dama
     assert result["msg"].startswith(f"The checkpoint to resume from, {world.checkpoint}, {problem}")
     assert "Nothing was started." in result["msg"]
     assert world.job_pids() == []
+
+
+def test_a_checkpoint_without_marker_or_recorded_size_is_resumed_once_it_settled(run_module, world):
+    (world.checkpoint / "COMPLETE").unlink()  # a trainer that writes no marker, a checkpoint named for this run
+    args = world.args(checkpoint_marker=None, checkpoint_size_bytes=None, checkpoint_settle_seconds=0.5)
+    result = run_module(resume_training.main, args)
+    assert result["failed"] is False, result["msg"]
+    assert result["launched"] is True
+    assert result["timings"]["checks"] >= 0.5, "it watched the checkpoint settle before starting anything"
+
+
+def test_a_checkpoint_without_marker_still_being_written_is_refused(run_module, world):
+    (world.checkpoint / "COMPLETE").unlink()
+    stop = threading.Event()
+
+    def copy_goes_on() -> None:  # the checkpoint is still being copied back
+        while not stop.is_set():
+            with (world.checkpoint / "model.safetensors").open("ab") as handle:
+                handle.write(b"m" * 64)
+            time.sleep(0.05)
+
+    copier = threading.Thread(target=copy_goes_on, daemon=True)
+    copier.start()
+    try:
+        result = run_module(resume_training.main, world.args(checkpoint_marker=None, checkpoint_size_bytes=None,
+                                                             checkpoint_settle_seconds=0.4))
+    finally:
+        stop.set()
+        copier.join()
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"The checkpoint to resume from, {world.checkpoint}, has not settled within ")
+    assert ("s: with no marker and no size recorded by a stop, it counts as complete once its files stay unchanged "
+            "for settle_seconds (0.4 s) with none open for writing; last seen: step_000000400 (") in result["msg"]
+    assert "Nothing was started." in result["msg"]
+    assert world.job_pids() == [] and not world.state_dir.joinpath("resume.json").exists()
 
 
 def test_newer_checkpoints_refuse_unless_allowed(run_module, world):
