@@ -80,6 +80,94 @@ def names_checkpoint(template: list) -> bool:
     return any(PLACEHOLDER.search(element) for element in template)
 
 
+# --- the command the stopped job had been started with -----------------------------------------------------------
+#
+# The resumed job's selected processes (the job selector's roots, the processes the stop recorded as "selected") are
+# compared with the stopped job's, word by word, after the words the resume command adds for the checkpoint are taken
+# out of both: each template element holding a placeholder, with the option element right before it when that is one
+# (starts with "-" and holds no placeholder), as it reads for any checkpoint beside this one ({checkpoint}: any path in
+# the checkpoint's directory; {checkpoint_name}: any name; {step}: any number). A stopped job that was itself resumed
+# carries the option with its own checkpoint, which is taken out too. A placeholder element alone, with no option and
+# no other text ("{step}"), could be any word, so only this checkpoint's value is taken out for it.
+
+ANY_VALUE = {"checkpoint_name": r"[^/\s]+", "step": r"[0-9]+"}
+
+
+@dataclass(frozen=True)
+class ResumeWords:
+    """What one placeholder element of the template adds to the command line: its option word, if separate, and the
+    pattern of its value."""
+
+    option: str | None
+    value: re.Pattern
+    text: str  # as the template has it: "--resume-from {checkpoint}", "--resume={checkpoint}"
+
+
+def _value_pattern(element: str, checkpoint: str, step: int | None) -> re.Pattern:
+    if PLACEHOLDER.fullmatch(element) and element != "{checkpoint}":
+        return re.compile(re.escape(render_command([element], checkpoint, step)[0]))
+    directory = os.path.dirname(checkpoint.rstrip("/"))
+    any_value = dict(ANY_VALUE, checkpoint=re.escape(directory.rstrip("/")) + r"/[^/\s]+")
+    parts = []
+    last = 0
+    for match in PLACEHOLDER.finditer(element):
+        parts.append(re.escape(element[last:match.start()]))
+        parts.append(any_value[match.group(1)])
+        last = match.end()
+    parts.append(re.escape(element[last:]))
+    return re.compile("".join(parts))
+
+
+def resume_words(template: list, checkpoint: str, step: int | None) -> list:
+    """The :class:`ResumeWords` of each placeholder element of the template."""
+    found = []
+    for index, element in enumerate(template):
+        if not PLACEHOLDER.search(element):
+            continue
+        before = template[index - 1] if index > 0 else ""
+        option = before if before.startswith("-") and not PLACEHOLDER.search(before) else None
+        text = "%s %s" % (option, element) if option else element
+        found.append(ResumeWords(option, _value_pattern(element, checkpoint, step), text))
+    return found
+
+
+def without_resume_words(command_line: str, words: list) -> list:
+    """The words of a command line without what :func:`resume_words` describes."""
+    given = command_line.split()
+    kept = []
+    index = 0
+    while index < len(given):
+        word = given[index]
+        value = given[index + 1] if index + 1 < len(given) else None
+        if value is not None and any(w.option == word and w.value.fullmatch(value) for w in words):
+            index += 2
+            continue
+        if not any(w.option is None and w.value.fullmatch(word) for w in words):
+            kept.append(word)
+        index += 1
+    return kept
+
+
+def command_difference(
+    stopped: list, resumed: list, template: list, checkpoint: str, step: int | None
+) -> str | None:
+    """Why the resumed job does not run the way the stopped one had been started (a sentence naming both), or None
+    when it does, or when either is unknown. ``stopped`` and ``resumed`` are the selected processes' command lines."""
+    if not stopped or not resumed:
+        return None
+    words = resume_words(template, checkpoint, step)
+    if sorted(without_resume_words(line, words) for line in stopped) == sorted(
+            without_resume_words(line, words) for line in resumed):
+        return None
+    added = [w.text for w in words]
+    return (
+        "The resumed job does not run the way the stopped one had been started: the stop recorded %s, the resumed job "
+        "runs %s (compared word by word without what the resume command adds for the checkpoint%s). If that is not "
+        "intended, make pivot_training_resume.command start the job as before, with only the checkpoint added."
+        % ("; ".join(stopped), "; ".join(resumed), (": " + ", ".join(added)) if added else "")
+    )
+
+
 # --- the checkpoint -----------------------------------------------------------------------------------------------
 
 

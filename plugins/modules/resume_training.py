@@ -32,6 +32,11 @@ description:
     the checkpoint's did not resume from it, so the module stops it again (SIGTERM, SIGKILL after 30 s) and fails. A
     job still starting after O(timeout) is left running and the task fails; the next run recognises it and waits
     again.
+  - When the job trains (or was found training), the command lines of its selected processes (the job selector's
+    roots) are compared with O(stopped_command_lines), word by word, without the words the resume command adds for
+    the checkpoint (each element of O(command) holding a placeholder, with the option element right before it, as they
+    read for any checkpoint in the same directory). A difference is a warning naming both, and RV(command_difference),
+    not a failure (the job trains, and a change such as another batch size may be intended).
 author:
   - Pivot developers (@pivot)
 extends_documentation_fragment:
@@ -151,6 +156,13 @@ options:
         description: How many separate process trees O(job.cmdline_match) may select.
         type: int
         default: 1
+  stopped_command_lines:
+    description:
+      - How the stopped job had been started (the command lines of its selected processes, as the stop recorded
+        them), to compare with the resumed job's. Nothing is compared when empty.
+    type: list
+    elements: str
+    default: []
   log_file:
     description:
       - The trainer's log; only what it gains after the start counts.
@@ -358,6 +370,29 @@ newer_checkpoints:
   type: list
   elements: str
   sample: [/data/dflash/checkpoints/step_000006000]
+command_difference:
+  description:
+    - How the resumed job's selected processes run, when that is not how the stopped job's had been started
+      (O(stopped_command_lines)), compared without the words the resume command adds for the checkpoint; also a
+      warning.
+  returned: when the job trains and its command lines differ from the stopped job's
+  type: dict
+  contains:
+    stopped:
+      description: The stopped job's command lines.
+      type: list
+      elements: str
+    resumed:
+      description: The resumed job's command lines.
+      type: list
+      elements: str
+    msg:
+      description: The warning, naming both.
+      type: str
+  sample:
+    stopped: ["python3 -u /root/train_dflash_pipeline.py --batch 8"]
+    resumed: ["python3 -u /root/train_dflash_pipeline.py --batch 4 --resume /data/dflash/checkpoints/step_000005400"]
+    msg: "The resumed job does not run the way the stopped one had been started: ..."
 output_tail:
   description: The end of the job's output when it exited or did not resume.
   returned: when the job exited or did not resume
@@ -416,6 +451,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
     ResumeError,
     SettleWatch,
     checkpoint_problem,
+    command_difference,
     describe,
     judge,
     names_checkpoint,
@@ -483,6 +519,8 @@ class TrainingResume:
         self.child_status = None  # its exit status once it has exited
         self.progress = ProgressFile(None if module.check_mode else self.params["progress_file"])
         self.state_dir = self.params["state_dir"]
+        self.roots = []  # the selected processes (PIDs) of the job's last scan
+        self.root_commands = []  # their command lines at the last look
         self.result = {
             "changed": False,
             "launched": False,
@@ -510,9 +548,19 @@ class TrainingResume:
         self.module.fail_json(msg=msg, **self.result)
 
     def finish(self, msg: str) -> None:
+        self.compare_command()
         self.timings["total"] = round(time.monotonic() - self.started, 3)
         self.progress.close()
         self.module.exit_json(msg=msg, **self.result)
+
+    def compare_command(self) -> None:
+        """Warn when the job runs otherwise than the stopped one had been started (module_utils.resume)."""
+        stopped = self.params["stopped_command_lines"]
+        difference = command_difference(stopped, self.root_commands, self.params["command"], self.checkpoint,
+                                        self.step)
+        if difference:
+            self.module.warn(difference)
+            self.result["command_difference"] = {"stopped": stopped, "resumed": self.root_commands, "msg": difference}
 
     def lap(self, name: str, since: float) -> None:
         self.timings[name] = round(time.monotonic() - since, 3)
@@ -565,7 +613,9 @@ class TrainingResume:
                        match_env=job["match_env"], max_roots=job["max_roots"])
         try:
             tracker = JobTracker(spec, self.proc, protected_pids(self.proc))
-            return tracker.scan(first=True)
+            members = tracker.scan(first=True)
+            self.roots = tracker.roots()
+            return members
         except JobError as exc:
             if self.result["launched"]:
                 self.fail("Looking for the started training job (PID %s, left running): %s"
@@ -808,6 +858,7 @@ class TrainingResume:
         selected, _apps = self.read_gpus()
         self.result.update(processes=[process_entry(info) for info in members.values()], first_step=steps.first,
                            last_step=steps.last, last_log_line=steps.last_line)
+        self.root_commands = [members[pid].command for pid in self.roots if pid in members]
         return Observation(len(members), self.launched_alive(launch), steps, selected)
 
     def wait_training(self, launch: Launch, log_offset: int, output_offset: int, what: str) -> None:
@@ -951,6 +1002,7 @@ def argument_spec() -> dict:
             required_one_of=[("pidfile", "unit", "cmdline_match")],
             mutually_exclusive=[("pidfile", "unit"), ("unit", "cmdline_match")],
         ),
+        stopped_command_lines=dict(type="list", elements="str", default=[]),
         log_file=dict(type="path", required=True),
         log_step_regex=dict(type="str", default=r"\bstep=(\d+)"),
         gpus=dict(type="list", elements="int", default=[]),

@@ -86,8 +86,14 @@ class Controller:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step_{step:09d}"
 
-    def record_stop(self, step: int | None, previous: int | None = None, forced: bool = False) -> None:
-        """state/ct200/last-stop.json as the stop_training role writes it."""
+    def started_as(self) -> str:
+        """The command line of the trainer as run.sh starts it with the flags of trainer_flags."""
+        return " ".join(["python3", "-u", self.trainer, *self.trainer_flags()])
+
+    def record_stop(self, step: int | None, previous: int | None = None, forced: bool = False,
+                    cmdline: str | None = None) -> None:
+        """state/ct200/last-stop.json as the stop_training role writes it, for a job started as ``cmdline`` (by
+        default as the resume command starts it, without the checkpoint)."""
         def entry(value: int | None) -> dict:
             if value is None:
                 return {"path": None, "step": None}
@@ -100,7 +106,7 @@ class Controller:
                   "last_logged_step": step or previous, "forced": forced, "work_lost": None, "host": "ct200",
                   "job": {"selector": {"cmdline_match": [self.trainer]},
                           "processes": [{"pid": 4242, "ppid": 4240, "sid": 4240, "pgid": 4240, "matched_by": "selected",
-                                         "cmdline": f"python3 -u {self.trainer} --gpus 0,1"},
+                                         "cmdline": cmdline or self.started_as()},
                                         {"pid": 4243, "ppid": 4242, "sid": 4240, "pgid": 4240,
                                          "matched_by": "descendant", "cmdline": "pt_data_worker"}]}}
         (self.state / "ct200").mkdir(parents=True, exist_ok=True)
@@ -191,11 +197,13 @@ def test_preview_then_resume_then_a_second_run_that_changes_nothing(controller):
     assert findings["started"] is True
     assert findings["resumed_from"].startswith("confirmed by the stop of run 20261201T100000Z-4242")
     assert findings["gpus_mib"] and min(findings["gpus_mib"]) >= 4096
-    assert findings["stopped_job"] == [f"python3 -u {controller.trainer} --gpus 0,1"]
+    assert findings["stopped_job"] == [controller.started_as()]
+    assert findings["command_difference"] is None, "the job runs as the stopped one had been started"
     last = json.loads((controller.state / "ct200" / "last-resume.json").read_text())
     assert (last["outcome"], last["checkpoint"]["step"], last["first_step"]) == ("training", 40, 41)
     markdown = sorted(controller.artifacts.glob("resume_training-2*.md"))[-1].read_text()
     assert "| training resumed |" in markdown
+    assert "command line vs the stopped job's" not in markdown
 
     again = controller.run()
     assert again["rc"] == 0, failures(again)
@@ -270,7 +278,9 @@ def test_rollback_with_the_resume_refuses_a_placeholder_before_it_touches_the_se
 
 def test_after_a_forced_stop_it_resumes_from_the_checkpoint_before_it(controller):
     controller.train("--total-steps", "20")
-    controller.record_stop(None, previous=20, forced=True)
+    # a job that had been started on other GPUs than the resume command starts it on
+    stopped = f"python3 -u {controller.trainer} --gpus 0,1,2,3"
+    controller.record_stop(None, previous=20, forced=True, cmdline=stopped)
     result = controller.run("-e", f"pivot_resume_from={controller.checkpoint(20)}", "--check")
     assert result["rc"] == 0, failures(result)  # a checkpoint given explicitly needs no record
     result = controller.run()
@@ -282,6 +292,15 @@ def test_after_a_forced_stop_it_resumes_from_the_checkpoint_before_it(controller
     while "step=21 " not in controller.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert f"Resuming from checkpoint {controller.checkpoint(20)}" in controller.log.read_text()
+    difference = controller.report(result)["phases"][-1]["findings"]["command_difference"]
+    assert difference.startswith(f"The resumed job does not run the way the stopped one had been started: the stop "
+                                 f"recorded {stopped}, the resumed job runs {controller.started_as()} --resume-from "
+                                 f"{controller.checkpoint(20)} (compared word by word without what the resume command "
+                                 "adds for the checkpoint: --resume-from {checkpoint}).")
+    warned = [warning for res in results(result, "Read the resume's result") for warning in res.get("warnings", [])]
+    assert any("does not run the way the stopped one had been started" in str(warning) for warning in warned), warned
+    markdown = sorted(controller.artifacts.glob("resume_training-2*.md"))[-1].read_text()
+    assert "| command line vs the stopped job's | **differs**: The resumed job does not run the way" in markdown
 
 
 def test_the_role_alone_refuses_a_placeholder_with_the_same_rule(controller):

@@ -23,6 +23,7 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
     ResumeError,
     SettleWatch,
     checkpoint_problem,
+    command_difference,
     judge,
     names_checkpoint,
     newer_checkpoints,
@@ -63,6 +64,72 @@ def test_an_unknown_step_cannot_be_passed():
 def test_a_template_without_placeholders_does_not_name_the_checkpoint():
     assert not names_checkpoint(["/root/run.sh", "--resume", "<CONFIRM>"])
     assert names_checkpoint(["/root/run.sh", "--resume-step={step}"])
+
+
+# --- the command the stopped job had been started with ---------------------------------------------------------
+
+CKPT = "/data/dflash/checkpoints/step_000005400"
+TRAINER = "python3 -u /root/train_dflash_pipeline.py --config /root/dflash.yaml"
+
+
+@pytest.mark.parametrize(("template", "resumed"), [
+    # the option and the checkpoint as two elements, run.sh passing them on to the trainer
+    (["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"], f"{TRAINER} --resume_from_checkpoint {CKPT}"),
+    # one element, option and value
+    (["/root/run.sh", "--resume={checkpoint}"], f"{TRAINER} --resume={CKPT}"),
+    # the step and the checkpoint's name, each after its option
+    (["/root/run.sh", "--step", "{step}", "--name", "{checkpoint_name}"],
+     f"{TRAINER} --step 5400 --name step_000005400"),
+    # the checkpoint alone, as an argument of its own
+    (["/root/run.sh", "{checkpoint}"], f"{TRAINER} {CKPT}"),
+    # a trainer that resumes from its newest checkpoint by itself: nothing added
+    (["/root/run.sh"], TRAINER),
+])
+def test_the_resumed_job_runs_as_the_stopped_one_when_only_the_checkpoint_was_added(template, resumed):
+    assert command_difference([TRAINER], [resumed], template, CKPT, 5400) is None
+
+
+def test_a_stopped_job_that_had_itself_been_resumed_carries_its_own_checkpoint_which_does_not_count():
+    earlier = f"{TRAINER} --resume_from_checkpoint /data/dflash/checkpoints/step_000004000"
+    resumed = f"{TRAINER} --resume_from_checkpoint {CKPT}"
+    template = ["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"]
+    assert command_difference([earlier], [resumed], template, CKPT, 5400) is None
+
+
+def test_a_job_started_otherwise_is_named_with_both_command_lines():
+    resumed = f"python3 -u /root/train_dflash_pipeline.py --config /root/other.yaml --resume_from_checkpoint {CKPT}"
+    template = ["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"]
+    said = command_difference([TRAINER], [resumed], template, CKPT, 5400)
+    assert said == (
+        "The resumed job does not run the way the stopped one had been started: the stop recorded "
+        f"{TRAINER}, the resumed job runs {resumed} (compared word by word without what the resume command adds for "
+        "the checkpoint: --resume_from_checkpoint {checkpoint}). If that is not intended, make "
+        "pivot_training_resume.command start the job as before, with only the checkpoint added.")
+
+
+@pytest.mark.parametrize("resumed", [
+    # a checkpoint from another directory is not "the checkpoint": the job was pointed elsewhere
+    f"{TRAINER} --resume_from_checkpoint /tmp/step_000005400",
+    # the option's value missing: the option itself is a difference
+    f"{TRAINER} --resume_from_checkpoint",
+    # more processes selected than the stop recorded
+    f"{TRAINER}; {TRAINER}",
+])
+def test_what_is_not_the_checkpoint_counts(resumed):
+    template = ["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"]
+    assert command_difference([TRAINER], resumed.split("; "), template, CKPT, 5400) is not None
+
+
+def test_a_bare_step_takes_out_only_this_checkpoints_step_not_every_number():
+    template = ["/root/run.sh", "{step}"]
+    assert command_difference([f"{TRAINER} --gpus 8"], [f"{TRAINER} --gpus 8 5400"], template, CKPT, 5400) is None
+    assert command_difference([f"{TRAINER} --gpus 8"], [f"{TRAINER} --gpus 4 5400"], template, CKPT, 5400) is not None
+
+
+def test_nothing_is_compared_without_both_command_lines():
+    template = ["/root/run.sh", "{checkpoint}"]
+    assert command_difference([], [f"{TRAINER} {CKPT}"], template, CKPT, 5400) is None
+    assert command_difference([TRAINER], [], template, CKPT, 5400) is None
 
 
 # --- the checkpoint ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import time
 import uuid
 
 import pytest
+import yaml
 from ansible_collections.pivot.ops.plugins.module_utils import state_dir
 from ansible_collections.pivot.ops.plugins.modules import resume_training
 from conftest import live_pids_with_argument
@@ -401,6 +402,36 @@ def test_a_template_that_does_not_name_the_checkpoint_is_warned_about(run_module
     assert result["failed"] is True and "did not resume from the checkpoint" in result["msg"]
 
 
+def stopped_as(world, *flags: str) -> list:
+    """The stop's record of how the job had been started: its selected process's command line."""
+    return [" ".join([sys.executable, world.trainer, "--log", str(world.log), *flags])]
+
+
+def test_a_job_resumed_as_it_had_been_started_is_not_warned_about(run_module, world):
+    result = run_module(resume_training.main, world.args("--workers", "1",
+                                                         stopped_command_lines=stopped_as(world, "--workers", "1")))
+    assert result["failed"] is False, result["msg"]
+    assert "command_difference" not in result
+    assert not any("does not run the way" in warning for warning in result.get("warnings", []))
+
+
+def test_a_job_resumed_otherwise_than_it_had_been_started_is_warned_about_naming_both(run_module, world):
+    stopped = stopped_as(world, "--workers", "2")
+    result = run_module(resume_training.main, world.args(stopped_command_lines=stopped))
+    assert result["failed"] is False, result["msg"]  # a warning, not a refusal: the job trains
+    resumed = " ".join([sys.executable, world.trainer, "--log", str(world.log), "--resume", str(world.checkpoint)])
+    assert result["command_difference"]["stopped"] == stopped
+    assert result["command_difference"]["resumed"] == [resumed]
+    said = result["command_difference"]["msg"]
+    assert said.startswith(f"The resumed job does not run the way the stopped one had been started: the stop recorded "
+                           f"{stopped[0]}, the resumed job runs {resumed} (compared word by word without what the "
+                           "resume command adds for the checkpoint: --resume {checkpoint}).")
+    assert said in result["warnings"]
+    # the second run finds the job it started, and says so again
+    again = run_module(resume_training.main, world.args(stopped_command_lines=stopped))
+    assert again["already_running"] is True and again["command_difference"]["msg"] == said
+
+
 def test_a_job_still_starting_at_the_timeout_is_left_running_and_recognised_next_time(run_module, world):
     result = run_module(resume_training.main, world.args("--silent", timeout=0.5))
     assert result["failed"] is True
@@ -555,3 +586,18 @@ def test_without_systemd_run_nothing_is_started(run_module, world, systemd, monk
     assert result["msg"] == ("Unit dflash-training.service needs systemd-run, which is not on this host's PATH: run "
                              "the task on the host whose systemd manages the unit. Nothing was started.")
     assert systemd.popens == [] and world.job_pids() == []
+
+
+def test_the_documented_options_are_the_argument_spec():
+    """DOCUMENTATION and argument_spec() name the same options with the same type, default, choices and elements."""
+    documented = yaml.safe_load(resume_training.DOCUMENTATION)["options"]
+    spec = resume_training.argument_spec()
+
+    def shape(options: dict) -> dict:
+        keys = ("type", "default", "choices", "elements", "required")
+        return {name: {key: option.get(key) for key in keys if option.get(key) not in (None, False)}
+                | ({"options": shape(option["options"] if "options" in option else option["suboptions"])}
+                   if "options" in option or "suboptions" in option else {})
+                for name, option in options.items()}
+
+    assert shape(documented) == shape(spec)
