@@ -257,10 +257,21 @@ EXAMPLES = r"""
     output_file: /root/train/nohup.out
     job:
       cmdline_match: [train_dflash_pipeline.py]
+    stopped_command_lines: ["python3 -u /root/train_dflash_pipeline.py"]  # warned about if the job runs otherwise
     log_file: /root/train/train.log
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]
     expect_processes: 9
     timeout: 1800
+
+- name: A checkpoint named by hand, of a trainer that writes no marker (it must settle first, as in the stop)
+  pivot.ops.resume_training:
+    checkpoint: /data/dflash/checkpoints/step_000004000
+    checkpoint_settle_seconds: 30
+    allow_newer_checkpoints: true
+    command: [/root/run.sh, --resume, "{checkpoint}"]
+    job:
+      cmdline_match: [train_dflash_pipeline.py]
+    log_file: /root/train/train.log
 
 - name: Resume as a transient systemd service, passing the step
   pivot.ops.resume_training:
@@ -325,7 +336,7 @@ launch_command:
   returned: always
   type: list
   elements: str
-  sample: [systemd-run, --unit=pivot-training.service, --collect, --quiet, -p, Type=exec, --, /root/run.sh]
+  sample: [systemd-run, --unit=pivot-training.service, --collect, --quiet, --property=Type=exec, --, /root/run.sh]
 pid:
   description: PID of the process started (or found started earlier); null when none.
   returned: always
