@@ -6,6 +6,11 @@
 usable, whether the restarted job really trains, and the host's record of the job Pivot started (so that a second run
 recognises it, and a job Pivot did not start is refused instead of duplicated).
 
+A checkpoint is usable when it is still there and complete: its marker, when the trainer writes one; else the size the
+stop recorded when it confirmed it; else (a checkpoint named for this run, of a trainer that writes no marker) the
+stop's own rule for a checkpoint without a marker, watched now (:class:`checkpoint.CheckpointWatcher`: unchanged for
+``settle_seconds``, not empty, no file in it open for writing).
+
 A job "really trains" when (1) it has at least the expected number of processes, (2) its log shows, in what was written
 since the start, a step after the checkpoint's step, and (3) every expected GPU has memory in use. A first logged step
 at or below the checkpoint's step means the trainer did not resume from it (it started over, or from elsewhere).
@@ -13,14 +18,21 @@ at or below the checkpoint's step means the trainer did not resume from it (it s
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 from ansible_collections.pivot.ops.plugins.module_utils.checkpoint import (
+    COMPLETE,
+    DEFAULT_SETTLE_SECONDS,
+    EMPTY,
     CheckpointSpec,
+    CheckpointWatcher,
+    describe_entry,
     entry_signature,
     list_entries,
     parse_step,
@@ -31,6 +43,8 @@ from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcessInf
 PLACEHOLDER = re.compile(r"\{(checkpoint|checkpoint_name|step)\}")
 RECORD_NAME = "resume.json"
 LOG_WINDOW = 65536  # bytes read at each end of what the log gained since the start
+# A checkpoint judged by the settle rule that has not settled within this many settle periods is still being written.
+SETTLE_WATCH_FACTOR = 2
 
 TRAINING = "training"  # every condition holds
 STARTING = "starting"  # not yet: some condition does not hold yet
@@ -66,7 +80,110 @@ def names_checkpoint(template: list) -> bool:
     return any(PLACEHOLDER.search(element) for element in template)
 
 
+# --- the command the stopped job had been started with -----------------------------------------------------------
+#
+# The resumed job's selected processes (the job selector's roots, the processes the stop recorded as "selected") are
+# compared with the stopped job's, word by word, after the words the resume command adds for the checkpoint are taken
+# out of both: each template element holding a placeholder, with the option element right before it when that is one
+# (starts with "-" and holds no placeholder), as it reads for any checkpoint beside this one ({checkpoint}: any path in
+# the checkpoint's directory; {checkpoint_name}: any name; {step}: any number). A stopped job that was itself resumed
+# carries the option with its own checkpoint, which is taken out too. A placeholder element alone, with no option and
+# no other text ("{step}"), could be any word, so only this checkpoint's value is taken out for it.
+
+ANY_VALUE = {"checkpoint_name": r"[^/\s]+", "step": r"[0-9]+"}
+
+
+@dataclass(frozen=True)
+class ResumeWords:
+    """What one placeholder element of the template adds to the command line: its option word, if separate, and the
+    pattern of its value."""
+
+    option: str | None
+    value: re.Pattern
+    text: str  # as the template has it: "--resume-from {checkpoint}", "--resume={checkpoint}"
+
+
+def _value_pattern(element: str, checkpoint: str, step: int | None) -> re.Pattern:
+    if PLACEHOLDER.fullmatch(element) and element != "{checkpoint}":
+        return re.compile(re.escape(render_command([element], checkpoint, step)[0]))
+    directory = os.path.dirname(checkpoint.rstrip("/"))
+    any_value = dict(ANY_VALUE, checkpoint=re.escape(directory.rstrip("/")) + r"/[^/\s]+")
+    parts = []
+    last = 0
+    for match in PLACEHOLDER.finditer(element):
+        parts.append(re.escape(element[last:match.start()]))
+        parts.append(any_value[match.group(1)])
+        last = match.end()
+    parts.append(re.escape(element[last:]))
+    return re.compile("".join(parts))
+
+
+def resume_words(template: list, checkpoint: str, step: int | None) -> list:
+    """The :class:`ResumeWords` of each placeholder element of the template."""
+    found = []
+    for index, element in enumerate(template):
+        if not PLACEHOLDER.search(element):
+            continue
+        before = template[index - 1] if index > 0 else ""
+        option = before if before.startswith("-") and not PLACEHOLDER.search(before) else None
+        text = "%s %s" % (option, element) if option else element
+        found.append(ResumeWords(option, _value_pattern(element, checkpoint, step), text))
+    return found
+
+
+def without_resume_words(command_line: str, words: list) -> list:
+    """The words of a command line without what :func:`resume_words` describes."""
+    given = command_line.split()
+    kept = []
+    index = 0
+    while index < len(given):
+        word = given[index]
+        value = given[index + 1] if index + 1 < len(given) else None
+        if value is not None and any(w.option == word and w.value.fullmatch(value) for w in words):
+            index += 2
+            continue
+        if not any(w.option is None and w.value.fullmatch(word) for w in words):
+            kept.append(word)
+        index += 1
+    return kept
+
+
+def command_difference(
+    stopped: list, resumed: list, template: list, checkpoint: str, step: int | None
+) -> str | None:
+    """Why the resumed job does not run the way the stopped one had been started (a sentence naming both), or None
+    when it does, or when either is unknown. ``stopped`` and ``resumed`` are the selected processes' command lines."""
+    if not stopped or not resumed:
+        return None
+    words = resume_words(template, checkpoint, step)
+    if sorted(without_resume_words(line, words) for line in stopped) == sorted(
+            without_resume_words(line, words) for line in resumed):
+        return None
+    added = [w.text for w in words]
+    return (
+        "The resumed job does not run the way the stopped one had been started: the stop recorded %s, the resumed job "
+        "runs %s (compared word by word without what the resume command adds for the checkpoint%s). If that is not "
+        "intended, make pivot_training_resume.command start the job as before, with only the checkpoint added."
+        % ("; ".join(stopped), "; ".join(resumed), (": " + ", ".join(added)) if added else "")
+    )
+
+
 # --- the checkpoint -----------------------------------------------------------------------------------------------
+
+
+def _no_progress(_detail: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class SettleWatch:
+    """How a checkpoint with neither a marker nor a recorded size is watched for the stop's settle rule."""
+
+    settle_seconds: float = DEFAULT_SETTLE_SECONDS
+    poll_interval: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    on_wait: Callable[[str], None] = _no_progress  # told what the watch has seen, before each sleep
 
 
 def checkpoint_problem(
@@ -74,8 +191,24 @@ def checkpoint_problem(
     marker: str | None,
     size_bytes: int | None,
     writers: Callable[[str], list] = writers_inside,
+    watch: SettleWatch | None = None,
 ) -> str | None:
-    """Why the checkpoint cannot be resumed from (a phrase that follows its path), or None when it can."""
+    """Why the checkpoint cannot be resumed from (a phrase that follows its path), or None when it can. Without a
+    marker and a recorded size, it must settle (:func:`settle_problem`), which takes ``settle_seconds`` of watching."""
+    path = path.rstrip("/") or "/"
+    problem = _content_problem(path, marker, size_bytes)
+    if problem:
+        return problem
+    busy = writers(path)
+    if busy:
+        return "is being written by PID %s" % ", ".join(str(pid) for pid in busy)
+    if marker or size_bytes is not None:
+        return None
+    return settle_problem(path, watch or SettleWatch(), writers)
+
+
+def _content_problem(path: str, marker: str | None, size_bytes: int | None) -> str | None:
+    """What one look shows: the checkpoint gone, its marker missing, nothing in it, its size not the recorded one."""
     if not os.path.lexists(path):
         return "is gone: nothing is at that path any more"
     if marker and not os.path.exists(os.path.join(path, marker)):
@@ -85,10 +218,41 @@ def checkpoint_problem(
         return "is empty"
     if size_bytes is not None and signature.size != size_bytes:
         return "changed since the stop confirmed it: %d bytes then, %d now" % (size_bytes, signature.size)
-    busy = writers(path)
-    if busy:
-        return "is being written by PID %s" % ", ".join(str(pid) for pid in busy)
     return None
+
+
+def _seconds(value: float) -> str:
+    """``60``, ``0.4``: seconds as a person writes them."""
+    return "%g" % round(value, 1)
+
+
+def settle_problem(path: str, watch: SettleWatch, writers: Callable[[str], list] = writers_inside) -> str | None:
+    """The stop's rule for "complete" without a marker, applied by the stop's own watcher (``CheckpointWatcher``;
+    docs/modules.md, "When a checkpoint is complete"): unchanged for ``settle_seconds`` of watching, not empty, no file
+    in it open for writing. No baseline is taken, so the entry counts as new and is watched from now. One that has not
+    settled within ``SETTLE_WATCH_FACTOR`` settle periods is still being written (or copied back)."""
+    spec = CheckpointSpec(os.path.dirname(path), glob.escape(os.path.basename(path)),
+                          settle_seconds=watch.settle_seconds)
+    watcher = CheckpointWatcher(spec, clock=watch.clock, writers=writers)
+    started = watch.clock()
+    limit = SETTLE_WATCH_FACTOR * watch.settle_seconds
+    while True:
+        entry = next(iter(watcher.poll()), None)
+        if entry is None:
+            return "is gone: nothing is at that path any more"
+        if entry.state == COMPLETE:
+            return None
+        if entry.state == EMPTY:
+            return "is empty"
+        waited = watch.clock() - started
+        if waited >= limit:
+            return (
+                "has not settled within %s s: with no marker and no size recorded by a stop, it counts as complete "
+                "once its files stay unchanged for settle_seconds (%s s) with none open for writing; last seen: %s"
+                % (_seconds(waited), _seconds(watch.settle_seconds), describe_entry(entry))
+            )
+        watch.on_wait("%s, watched %s of at most %s s" % (describe_entry(entry), _seconds(waited), _seconds(limit)))
+        watch.sleep(max(0.0, min(watch.poll_interval, limit - waited)))
 
 
 def newer_checkpoints(

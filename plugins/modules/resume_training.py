@@ -15,8 +15,9 @@ description:
     the module confirms it trains. When a job runs that it did not start, the task fails naming it and starts nothing,
     so there are never two trainers.
   - Otherwise it checks that O(checkpoint) is still there and complete (its O(checkpoint_marker); the size the stop
-    recorded, O(checkpoint_size_bytes); no process writing into it) and that no complete checkpoint with a higher step
-    lies beside it (training ran after the recorded stop; O(allow_newer_checkpoints) accepts that), then that the
+    recorded, O(checkpoint_size_bytes); no process writing into it; with neither a marker nor a size, the stop's
+    settle rule, watched for up to twice O(checkpoint_settle_seconds)) and that no complete checkpoint with a higher
+    step lies beside it (training ran after the recorded stop; O(allow_newer_checkpoints) accepts that), then that the
     O(gpus) are free (at most O(gpu_free_max_mib) used and no compute process), waiting up to O(gpu_free_timeout).
     A failed check names what is wrong (each GPU holder with PID, command and memory) and starts nothing.
   - Then it starts O(command), with C({checkpoint}), C({checkpoint_name}) and C({step}) replaced, detached from the
@@ -31,6 +32,11 @@ description:
     the checkpoint's did not resume from it, so the module stops it again (SIGTERM, SIGKILL after 30 s) and fails. A
     job still starting after O(timeout) is left running and the task fails; the next run recognises it and waits
     again.
+  - When the job trains (or was found training), the command lines of its selected processes (the job selector's
+    roots) are compared with O(stopped_command_lines), word by word, without the words the resume command adds for
+    the checkpoint (each element of O(command) holding a placeholder, with the option element right before it, as they
+    read for any checkpoint in the same directory). A difference is a warning naming both, and RV(command_difference),
+    not a failure (the job trains, and a change such as another batch size may be intended).
 author:
   - Pivot developers (@pivot)
 extends_documentation_fragment:
@@ -38,8 +44,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Makes every check (job, checkpoint, GPUs, taking one GPU reading instead of waiting) and reports the
-      command it would start; starts nothing and writes nothing.
+    details: Makes every check (job, checkpoint, GPUs, taking one GPU reading instead of waiting; a checkpoint judged
+      by the settle rule is still watched) and reports the command it would start; starts nothing and writes nothing.
   diff_mode:
     support: full
     details: Shows the job's command lines before and the command started after.
@@ -64,6 +70,15 @@ options:
     description:
       - File inside the checkpoint directory whose presence marks it complete (the trainer writes it last).
     type: str
+  checkpoint_settle_seconds:
+    description:
+      - When there is neither O(checkpoint_marker) nor O(checkpoint_size_bytes) (a checkpoint named for this run, of a
+        trainer that writes no marker), the checkpoint counts as complete by the rule M(pivot.ops.stop_training)
+        applies to a new checkpoint without a marker, once its files (total size, count, newest modification time)
+        stay unchanged for this many seconds of watching, it is not empty, and none is open for writing. One that has
+        not settled within twice this time is refused as still being written. Check mode watches too.
+    type: float
+    default: 30
   checkpoint_glob:
     description:
       - Shell pattern of checkpoint entries beside O(checkpoint), to find newer ones.
@@ -141,6 +156,13 @@ options:
         description: How many separate process trees O(job.cmdline_match) may select.
         type: int
         default: 1
+  stopped_command_lines:
+    description:
+      - How the stopped job had been started (the command lines of its selected processes, as the stop recorded
+        them), to compare with the resumed job's. Nothing is compared when empty.
+    type: list
+    elements: str
+    default: []
   log_file:
     description:
       - The trainer's log; only what it gains after the start counts.
@@ -235,10 +257,21 @@ EXAMPLES = r"""
     output_file: /root/train/nohup.out
     job:
       cmdline_match: [train_dflash_pipeline.py]
+    stopped_command_lines: ["python3 -u /root/train_dflash_pipeline.py"]  # warned about if the job runs otherwise
     log_file: /root/train/train.log
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]
     expect_processes: 9
     timeout: 1800
+
+- name: A checkpoint named by hand, of a trainer that writes no marker (it must settle first, as in the stop)
+  pivot.ops.resume_training:
+    checkpoint: /data/dflash/checkpoints/step_000004000
+    checkpoint_settle_seconds: 30
+    allow_newer_checkpoints: true
+    command: [/root/run.sh, --resume, "{checkpoint}"]
+    job:
+      cmdline_match: [train_dflash_pipeline.py]
+    log_file: /root/train/train.log
 
 - name: Resume as a transient systemd service, passing the step
   pivot.ops.resume_training:
@@ -303,7 +336,7 @@ launch_command:
   returned: always
   type: list
   elements: str
-  sample: [systemd-run, --unit=pivot-training.service, --collect, --quiet, -p, Type=exec, --, /root/run.sh]
+  sample: [systemd-run, --unit=pivot-training.service, --collect, --quiet, --property=Type=exec, --, /root/run.sh]
 pid:
   description: PID of the process started (or found started earlier); null when none.
   returned: always
@@ -348,6 +381,29 @@ newer_checkpoints:
   type: list
   elements: str
   sample: [/data/dflash/checkpoints/step_000006000]
+command_difference:
+  description:
+    - How the resumed job's selected processes run, when that is not how the stopped job's had been started
+      (O(stopped_command_lines)), compared without the words the resume command adds for the checkpoint; also a
+      warning.
+  returned: when the job trains and its command lines differ from the stopped job's
+  type: dict
+  contains:
+    stopped:
+      description: The stopped job's command lines.
+      type: list
+      elements: str
+    resumed:
+      description: The resumed job's command lines.
+      type: list
+      elements: str
+    msg:
+      description: The warning, naming both.
+      type: str
+  sample:
+    stopped: ["python3 -u /root/train_dflash_pipeline.py --batch 8"]
+    resumed: ["python3 -u /root/train_dflash_pipeline.py --batch 4 --resume /data/dflash/checkpoints/step_000005400"]
+    msg: "The resumed job does not run the way the stopped one had been started: ..."
 output_tail:
   description: The end of the job's output when it exited or did not resume.
   returned: when the job exited or did not resume
@@ -404,7 +460,9 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
     Launch,
     Observation,
     ResumeError,
+    SettleWatch,
     checkpoint_problem,
+    command_difference,
     describe,
     judge,
     names_checkpoint,
@@ -472,6 +530,8 @@ class TrainingResume:
         self.child_status = None  # its exit status once it has exited
         self.progress = ProgressFile(None if module.check_mode else self.params["progress_file"])
         self.state_dir = self.params["state_dir"]
+        self.roots = []  # the selected processes (PIDs) of the job's last scan
+        self.root_commands = []  # their command lines at the last look
         self.result = {
             "changed": False,
             "launched": False,
@@ -499,9 +559,19 @@ class TrainingResume:
         self.module.fail_json(msg=msg, **self.result)
 
     def finish(self, msg: str) -> None:
+        self.compare_command()
         self.timings["total"] = round(time.monotonic() - self.started, 3)
         self.progress.close()
         self.module.exit_json(msg=msg, **self.result)
+
+    def compare_command(self) -> None:
+        """Warn when the job runs otherwise than the stopped one had been started (module_utils.resume)."""
+        stopped = self.params["stopped_command_lines"]
+        difference = command_difference(stopped, self.root_commands, self.params["command"], self.checkpoint,
+                                        self.step)
+        if difference:
+            self.module.warn(difference)
+            self.result["command_difference"] = {"stopped": stopped, "resumed": self.root_commands, "msg": difference}
 
     def lap(self, name: str, since: float) -> None:
         self.timings[name] = round(time.monotonic() - since, 3)
@@ -554,7 +624,9 @@ class TrainingResume:
                        match_env=job["match_env"], max_roots=job["max_roots"])
         try:
             tracker = JobTracker(spec, self.proc, protected_pids(self.proc))
-            return tracker.scan(first=True)
+            members = tracker.scan(first=True)
+            self.roots = tracker.roots()
+            return members
         except JobError as exc:
             if self.result["launched"]:
                 self.fail("Looking for the started training job (PID %s, left running): %s"
@@ -639,9 +711,18 @@ class TrainingResume:
 
     # --- checks before a start ------------------------------------------------------------------------------------
 
+    def settle_watch(self) -> SettleWatch:
+        """The stop's settle rule, for a checkpoint with neither a marker nor a recorded size; its wait is shown."""
+        def on_wait(detail: str) -> None:
+            self.progress.update("checkpoint", "waiting for checkpoint %s to settle (no marker, no recorded size): %s"
+                                 % (self.checkpoint, detail))
+
+        return SettleWatch(settle_seconds=self.params["checkpoint_settle_seconds"],
+                           poll_interval=self.params["poll_interval"], on_wait=on_wait)
+
     def check_checkpoint(self) -> None:
         problem = checkpoint_problem(self.checkpoint, self.params["checkpoint_marker"],
-                                     self.params["checkpoint_size_bytes"])
+                                     self.params["checkpoint_size_bytes"], watch=self.settle_watch())
         if problem:
             self.fail("The checkpoint to resume from, %s, %s. Nothing was started. Find a complete checkpoint (the "
                       "report of the pivot that stopped the job names the one it confirmed and the one before) and "
@@ -788,6 +869,7 @@ class TrainingResume:
         selected, _apps = self.read_gpus()
         self.result.update(processes=[process_entry(info) for info in members.values()], first_step=steps.first,
                            last_step=steps.last, last_log_line=steps.last_line)
+        self.root_commands = [members[pid].command for pid in self.roots if pid in members]
         return Observation(len(members), self.launched_alive(launch), steps, selected)
 
     def wait_training(self, launch: Launch, log_offset: int, output_offset: int, what: str) -> None:
@@ -907,6 +989,7 @@ def argument_spec() -> dict:
         checkpoint_step=dict(type="int"),
         checkpoint_size_bytes=dict(type="int"),
         checkpoint_marker=dict(type="str"),
+        checkpoint_settle_seconds=dict(type="float", default=30),
         checkpoint_glob=dict(type="str", default="*"),
         checkpoint_step_regex=dict(type="str", default=r"(\d+)(?!.*\d)"),
         allow_newer_checkpoints=dict(type="bool", default=False),
@@ -930,6 +1013,7 @@ def argument_spec() -> dict:
             required_one_of=[("pidfile", "unit", "cmdline_match")],
             mutually_exclusive=[("pidfile", "unit"), ("unit", "cmdline_match")],
         ),
+        stopped_command_lines=dict(type="list", elements="str", default=[]),
         log_file=dict(type="path", required=True),
         log_step_regex=dict(type="str", default=r"\bstep=(\d+)"),
         gpus=dict(type="list", elements="int", default=[]),
@@ -951,7 +1035,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     if not module.params["command"]:
         module.fail_json(msg="command is empty: give the job's command line, one argument per element.")
-    for name in ("timeout", "poll_interval", "gpu_free_timeout"):
+    for name in ("timeout", "poll_interval", "gpu_free_timeout", "checkpoint_settle_seconds"):
         if module.params[name] < 0:
             module.fail_json(msg="%s must be zero or more seconds, got %s." % (name, module.params[name]))
     if module.params["expect_processes"] < 1:

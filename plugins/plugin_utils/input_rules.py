@@ -4,6 +4,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Phase 0's rules: a run's inputs (the serving and the training host's variables) in, one sentence per problem out.
 
+``input_problems`` judges the pivot's inputs (both hosts), ``resume_input_problems`` a training host's inputs to
+``resume_training.yml`` (and ``rollback_nextn.yml`` with ``resume_training_after_rollback``). A value that still holds
+one of the production inventory's ``<PLACEHOLDER>``s (``<TRAINING_LOG_FILE>``, ``<CONFIRM: ...>``) is named as such.
+
 Values given with ``-e key=value`` arrive as strings, so numbers are judged by their text. Draft length, budget and
 top-k are the DDTree plugin's own rule (:mod:`ddtree_rules`).
 """
@@ -18,6 +22,19 @@ from ansible_collections.pivot.ops.plugins.plugin_utils import ddtree_rules
 
 Problem = str | None
 NUMBER = re.compile(r"^[0-9]*\.?[0-9]+$")
+# What the production inventory leaves for the user to fill in: <TRAINING_LOG_FILE>, <CONFIRM: the trainer's option>.
+PLACEHOLDER = re.compile(r"<[A-Z][^<>]*>")
+
+
+def placeholders(value: Any) -> list[str]:
+    """The ``<PLACEHOLDER>``s left in a value: a string, or the strings in a list or a mapping (its values)."""
+    if isinstance(value, str):
+        return PLACEHOLDER.findall(value)
+    if isinstance(value, Mapping):
+        return [found for item in value.values() for found in placeholders(item)]
+    if isinstance(value, (list, tuple)):
+        return [found for item in value for found in placeholders(item)]
+    return []
 
 
 def _integer(value: Any) -> int | None:
@@ -31,6 +48,9 @@ def _number(value: Any) -> float | None:
 
 
 def _absolute(name: str, value: Any, where: str) -> Problem:
+    left = placeholders(value)
+    if left:
+        return f"{name} still holds the placeholder {', '.join(left)}: replace it with an absolute path on the {where}"
     if isinstance(value, str) and value.startswith("/"):
         return None
     return f"{name} must be an absolute path on the {where}; got {value if value is not None else 'nothing'}"
@@ -117,13 +137,57 @@ def log_file(t: Mapping[str, Any]) -> Problem:
     return None if value in (None, "") else _absolute("pivot_training_log_file", value, "training host")
 
 
+# --- resume_training.yml: what starting the job again needs -------------------------------------------------------
+
+
+def resume_log_file(t: Mapping[str, Any]) -> Problem:
+    """The resume waits for a step after the checkpoint's in the log, so the log is needed (the pivot's is optional)."""
+    return _absolute("pivot_training_log_file", t.get("pivot_training_log_file"), "training host")
+
+
+def resume_from(t: Mapping[str, Any]) -> Problem:
+    value = t.get("pivot_resume_from")
+    return None if value in (None, "") else _absolute("pivot_resume_from", value, "training host")
+
+
+def resume_command(command: Any) -> Problem:
+    if not isinstance(command, list) or not command or not all(isinstance(item, str) and item for item in command):
+        return ("pivot_training_resume.command must be the job's command line as a list, one argument per element (no "
+                f"shell), with {{checkpoint}} where the checkpoint's path goes; got {command!r}")
+    left = placeholders(command)
+    if left:
+        return (f"pivot_training_resume.command still holds the placeholder {', '.join(left)}: replace it with how the "
+                "trainer takes the checkpoint to resume from (for example --resume_from_checkpoint followed by "
+                "\"{checkpoint}\"), or leave the element out if the trainer resumes from its newest checkpoint by "
+                "itself")
+    return None
+
+
+def resume_settings(t: Mapping[str, Any]) -> list[Problem]:
+    resume = t.get("pivot_training_resume")
+    if not isinstance(resume, Mapping):
+        return ["pivot_training_resume must say how to start the job again: at least its command (docs/operations.md, "
+                f"\"Resuming training\"); got {resume!r}"]
+    paths = [_absolute(f"pivot_training_resume.{name}", resume.get(name), "training host")
+             for name in ("chdir", "output_file", "pidfile") if resume.get(name) not in (None, "")]
+    return [resume_command(resume.get("command")), *paths]
+
+
 SERVING_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (
     ddtree_settings, single_config_file, accept_gate, quality_gate, port, health_timeout, wheelhouse,
 )
 TRAINING_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (job_selector, checkpoint_path, log_file)
+RESUME_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (
+    job_selector, checkpoint_path, resume_log_file, resume_from,
+)
 
 
 def input_problems(serving: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
     found: list[Problem] = [rule(serving) for rule in SERVING_RULES] + serving_paths(serving)
     found += [rule(training) for rule in TRAINING_RULES]
+    return [problem for problem in found if problem]
+
+
+def resume_input_problems(training: Mapping[str, Any]) -> list[str]:
+    found: list[Problem] = [rule(training) for rule in RESUME_RULES] + resume_settings(training)
     return [problem for problem in found if problem]

@@ -46,3 +46,14 @@ def test_a_resume_that_logged_nothing_says_so_and_a_run_without_one_has_no_rows(
     rolled_back = render([rollback], playbook="rollback_nextn")
     assert "training resumed" not in rolled_back
     assert "| release | nextn-baseline (switched to it now) |" in rolled_back, "the rollback phase fills the release"
+
+
+def test_a_resumed_job_started_otherwise_than_the_stopped_one_is_a_summary_row() -> None:
+    said = ("The resumed job does not run the way the stopped one had been started: the stop recorded python3 t.py "
+            "--gpus 0,1, the resumed job runs python3 t.py --gpus 0 --resume /c/step_000005400 (...)")
+    summary = render([resume_phase(command_difference=said)]).split("## Summary", 1)[1].split("## Phases", 1)[0]
+    assert f"| command line vs the stopped job's | **differs**: {said} |" in summary
+    piped = render([resume_phase(command_difference="a | b")])
+    assert "| command line vs the stopped job's | **differs**: a / b |" in piped, "a | would break the table"
+    same = render([resume_phase(command_difference=None)])
+    assert "command line vs the stopped job's" not in same

@@ -54,7 +54,7 @@ class Controller:
         return ["--checkpoint-dir", str(self.checkpoints), "--log-file", str(self.log), "--step-seconds", "0.05",
                 "--checkpoint-seconds", "0", "--save-every", "0", "--gpus", "0,1", "--gpu-mib", "4096"]
 
-    def write_inventory(self, **resume: object) -> None:
+    def write_inventory(self, host_vars: dict | None = None, **resume: object) -> None:
         host = {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
@@ -73,6 +73,7 @@ class Controller:
             "run_lock_path": str(self.root / "run" / "pivot.lock"),
             "resume_training_state_dir": str(self.root / "host-state"),
             "resume_training_poll_delay": 1,
+            **(host_vars or {}),
         }
         inventory = {"all": {"children": {"training": {"hosts": {"ct200": host}}}}}
         (self.root / "hosts.yml").write_text(yaml.safe_dump(inventory))
@@ -85,8 +86,14 @@ class Controller:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step_{step:09d}"
 
-    def record_stop(self, step: int | None, previous: int | None = None, forced: bool = False) -> None:
-        """state/ct200/last-stop.json as the stop_training role writes it."""
+    def started_as(self) -> str:
+        """The command line of the trainer as run.sh starts it with the flags of trainer_flags."""
+        return " ".join(["python3", "-u", self.trainer, *self.trainer_flags()])
+
+    def record_stop(self, step: int | None, previous: int | None = None, forced: bool = False,
+                    cmdline: str | None = None) -> None:
+        """state/ct200/last-stop.json as the stop_training role writes it, for a job started as ``cmdline`` (by
+        default as the resume command starts it, without the checkpoint)."""
         def entry(value: int | None) -> dict:
             if value is None:
                 return {"path": None, "step": None}
@@ -99,7 +106,7 @@ class Controller:
                   "last_logged_step": step or previous, "forced": forced, "work_lost": None, "host": "ct200",
                   "job": {"selector": {"cmdline_match": [self.trainer]},
                           "processes": [{"pid": 4242, "ppid": 4240, "sid": 4240, "pgid": 4240, "matched_by": "selected",
-                                         "cmdline": f"python3 -u {self.trainer} --gpus 0,1"},
+                                         "cmdline": cmdline or self.started_as()},
                                         {"pid": 4243, "ppid": 4242, "sid": 4240, "pgid": 4240,
                                          "matched_by": "descendant", "cmdline": "pt_data_worker"}]}}
         (self.state / "ct200").mkdir(parents=True, exist_ok=True)
@@ -143,8 +150,12 @@ class Controller:
 
 
 def failures(result: dict) -> list[str]:
-    return [" ".join(str(res.get("msg", "")).split()) for play in result.get("plays", []) for task in play["tasks"]
-            for res in task["hosts"].values() if res.get("failed") and not res.get("ignore_errors")]
+    """The failure messages, a looped task's per item (its own message is only "One or more items failed")."""
+    failed = [res for play in result.get("plays", []) for task in play["tasks"] for res in task["hosts"].values()
+              if res.get("failed") and not res.get("ignore_errors")]
+    items = [[item for item in res.get("results", []) if item.get("failed") or item.get("evaluated_to") is False]
+             or [res] for res in failed]
+    return [" ".join(str(item.get("msg", "")).split()) for found in items for item in found]
 
 
 def results(result: dict, task_name: str) -> list[dict]:
@@ -186,11 +197,13 @@ def test_preview_then_resume_then_a_second_run_that_changes_nothing(controller):
     assert findings["started"] is True
     assert findings["resumed_from"].startswith("confirmed by the stop of run 20261201T100000Z-4242")
     assert findings["gpus_mib"] and min(findings["gpus_mib"]) >= 4096
-    assert findings["stopped_job"] == [f"python3 -u {controller.trainer} --gpus 0,1"]
+    assert findings["stopped_job"] == [controller.started_as()]
+    assert findings["command_difference"] is None, "the job runs as the stopped one had been started"
     last = json.loads((controller.state / "ct200" / "last-resume.json").read_text())
     assert (last["outcome"], last["checkpoint"]["step"], last["first_step"]) == ("training", 40, 41)
     markdown = sorted(controller.artifacts.glob("resume_training-2*.md"))[-1].read_text()
     assert "| training resumed |" in markdown
+    assert "command line vs the stopped job's" not in markdown
 
     again = controller.run()
     assert again["rc"] == 0, failures(again)
@@ -209,19 +222,65 @@ def test_without_a_record_nothing_is_started(controller):
     assert controller.report(result)["phases"][-1]["status"] == "failed"
 
 
-def test_a_placeholder_in_the_command_is_refused(controller):
+def ran_tasks(result: dict) -> list[str]:
+    return [task["task"]["name"].split(" : ")[-1] for play in result.get("plays", []) for task in play["tasks"]
+            if any(not res.get("skipped") for res in task["hosts"].values())]
+
+
+@pytest.mark.parametrize(("inventory", "said"), [
+    ({"command": ["/root/run.sh", "<CONFIRM: the trainer's resume option>", "{checkpoint}"]},
+     "pivot_training_resume.command still holds the placeholder <CONFIRM: the trainer's resume option>: replace it "
+     "with how the trainer takes the checkpoint to resume from"),
+    ({"host_vars": {"pivot_training_log_file": "<TRAINING_LOG_FILE>"}},
+     "pivot_training_log_file still holds the placeholder <TRAINING_LOG_FILE>: replace it with an absolute path on "
+     "the training host"),
+    ({"host_vars": {"pivot_training_log_file": "train.log"}, "chdir": "trainsim"},
+     "pivot_training_log_file must be an absolute path on the training host; got train.log; "
+     "pivot_training_resume.chdir must be an absolute path on the training host; got trainsim"),
+])
+def test_bad_inputs_are_refused_in_phase_0_before_anything_is_touched(controller, inventory, said):
     controller.train("--total-steps", "20")
     controller.record_stop(20)
-    controller.write_inventory(command=["/root/run.sh", "<CONFIRM: the trainer's resume option>", "{checkpoint}"])
+    controller.write_inventory(**inventory)
+    started = time.monotonic()
     result = controller.run()
     assert result["rc"] != 0
-    assert any("still holds a placeholder: <CONFIRM: the trainer's resume option>" in msg for msg in failures(result))
+    [message] = failures(result)
+    assert message.startswith(f"Invalid inputs for resuming training on ct200, nothing was touched: {said}")
+    assert message.endswith("Fix them in the inventory (inventory/production/group_vars/training.yml) or with -e, then "
+                            "run again.")
+    assert ran_tasks(result)[-1] == "Check the resume's variables"
+    assert [play["play"]["name"] for play in result["plays"]] == ["Phase 0: validate inputs"]
+    assert time.monotonic() - started < 60  # ansible-playbook's own start, not a wait
+    assert not (controller.root / "run").exists(), "no lock was taken"
+    assert not controller.artifacts.exists() and not (controller.root / "host-state").exists()
     assert controller.job_pids() == []
+
+
+def test_rollback_with_the_resume_refuses_a_placeholder_before_it_touches_the_server(controller):
+    controller.write_inventory(command=["/root/run.sh", "<CONFIRM: the trainer's resume option>", "{checkpoint}"])
+    inventory = yaml.safe_load((controller.root / "hosts.yml").read_text())
+    # a serving host no task may reach: phase 0 must refuse before any play runs on it
+    inventory["all"]["children"]["serving"] = {"hosts": {"pro6000": {"ansible_host": "192.0.2.1"}}}
+    (controller.root / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(controller.root / "hosts.yml"),
+           "playbooks/rollback_nextn.yml", "-e", "resume_training_after_rollback=true"]
+    proc = subprocess.run(cmd, cwd=REPO, env=controller.env, capture_output=True, text=True,
+                          timeout=PLAYBOOK_TIMEOUT_S, check=False)
+    result = json.loads(proc.stdout)
+    assert proc.returncode != 0
+    assert [play["play"]["name"] for play in result["plays"]] == ["Phase 0: name the run"]
+    assert len(failures(result)) == 1
+    assert failures(result)[0].startswith("Invalid inputs for resuming training on ct200, nothing was touched: "
+                                          "pivot_training_resume.command still holds the placeholder <CONFIRM: ")
+    assert ran_tasks(result)[-1] == "Check the resume's variables"
 
 
 def test_after_a_forced_stop_it_resumes_from_the_checkpoint_before_it(controller):
     controller.train("--total-steps", "20")
-    controller.record_stop(None, previous=20, forced=True)
+    # a job that had been started on other GPUs than the resume command starts it on
+    stopped = f"python3 -u {controller.trainer} --gpus 0,1,2,3"
+    controller.record_stop(None, previous=20, forced=True, cmdline=stopped)
     result = controller.run("-e", f"pivot_resume_from={controller.checkpoint(20)}", "--check")
     assert result["rc"] == 0, failures(result)  # a checkpoint given explicitly needs no record
     result = controller.run()
@@ -233,3 +292,33 @@ def test_after_a_forced_stop_it_resumes_from_the_checkpoint_before_it(controller
     while "step=21 " not in controller.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert f"Resuming from checkpoint {controller.checkpoint(20)}" in controller.log.read_text()
+    difference = controller.report(result)["phases"][-1]["findings"]["command_difference"]
+    assert difference.startswith(f"The resumed job does not run the way the stopped one had been started: the stop "
+                                 f"recorded {stopped}, the resumed job runs {controller.started_as()} --resume-from "
+                                 f"{controller.checkpoint(20)} (compared word by word without what the resume command "
+                                 "adds for the checkpoint: --resume-from {checkpoint}).")
+    warned = [warning for res in results(result, "Read the resume's result") for warning in res.get("warnings", [])]
+    assert any("does not run the way the stopped one had been started" in str(warning) for warning in warned), warned
+    markdown = sorted(controller.artifacts.glob("resume_training-2*.md"))[-1].read_text()
+    assert "| command line vs the stopped job's | **differs**: The resumed job does not run the way" in markdown
+
+
+def test_the_role_alone_refuses_a_placeholder_with_the_same_rule(controller):
+    """A caller without phase 0 (the role included directly) gets the same refusal before its first look at the
+    host."""
+    play = [{"name": "The role alone", "hosts": "ct200", "gather_facts": False, "tasks": [{
+        "name": "Resume", "ansible.builtin.include_role": {"name": "pivot.ops.resume_training"},
+        "vars": {"resume_training_job": {"cmdline_match": [controller.trainer]},
+                 "resume_training_command": ["/root/run.sh", "--resume=<CONFIRM: option>{checkpoint}"],
+                 "resume_training_log_file": str(controller.log)}}]}]
+    playbook = controller.root / "role.yml"
+    playbook.write_text(yaml.safe_dump(play))
+    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(controller.root / "hosts.yml"), str(playbook)]
+    proc = subprocess.run(cmd, cwd=REPO, env=controller.env, capture_output=True, text=True,
+                          timeout=PLAYBOOK_TIMEOUT_S, check=False)
+    result = json.loads(proc.stdout)
+    assert proc.returncode != 0
+    [message] = failures(result)
+    assert message.startswith("The resume command for ct200 still holds a placeholder: <CONFIRM: option> "
+                              "(pivot_training_resume.command: /root/run.sh --resume=<CONFIRM: option>{checkpoint})")
+    assert ran_tasks(result)[-1] == "Check the resume command holds no placeholder"

@@ -8,6 +8,7 @@ restarted job trains, and which running processes are the job Pivot started."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from ansible_collections.pivot.ops.plugins.module_utils.procfs import ProcessInfo
@@ -20,7 +21,9 @@ from ansible_collections.pivot.ops.plugins.module_utils.resume import (
     LogSteps,
     Observation,
     ResumeError,
+    SettleWatch,
     checkpoint_problem,
+    command_difference,
     judge,
     names_checkpoint,
     newer_checkpoints,
@@ -63,6 +66,72 @@ def test_a_template_without_placeholders_does_not_name_the_checkpoint():
     assert names_checkpoint(["/root/run.sh", "--resume-step={step}"])
 
 
+# --- the command the stopped job had been started with ---------------------------------------------------------
+
+CKPT = "/data/dflash/checkpoints/step_000005400"
+TRAINER = "python3 -u /root/train_dflash_pipeline.py --config /root/dflash.yaml"
+
+
+@pytest.mark.parametrize(("template", "resumed"), [
+    # the option and the checkpoint as two elements, run.sh passing them on to the trainer
+    (["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"], f"{TRAINER} --resume_from_checkpoint {CKPT}"),
+    # one element, option and value
+    (["/root/run.sh", "--resume={checkpoint}"], f"{TRAINER} --resume={CKPT}"),
+    # the step and the checkpoint's name, each after its option
+    (["/root/run.sh", "--step", "{step}", "--name", "{checkpoint_name}"],
+     f"{TRAINER} --step 5400 --name step_000005400"),
+    # the checkpoint alone, as an argument of its own
+    (["/root/run.sh", "{checkpoint}"], f"{TRAINER} {CKPT}"),
+    # a trainer that resumes from its newest checkpoint by itself: nothing added
+    (["/root/run.sh"], TRAINER),
+])
+def test_the_resumed_job_runs_as_the_stopped_one_when_only_the_checkpoint_was_added(template, resumed):
+    assert command_difference([TRAINER], [resumed], template, CKPT, 5400) is None
+
+
+def test_a_stopped_job_that_had_itself_been_resumed_carries_its_own_checkpoint_which_does_not_count():
+    earlier = f"{TRAINER} --resume_from_checkpoint /data/dflash/checkpoints/step_000004000"
+    resumed = f"{TRAINER} --resume_from_checkpoint {CKPT}"
+    template = ["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"]
+    assert command_difference([earlier], [resumed], template, CKPT, 5400) is None
+
+
+def test_a_job_started_otherwise_is_named_with_both_command_lines():
+    resumed = f"python3 -u /root/train_dflash_pipeline.py --config /root/other.yaml --resume_from_checkpoint {CKPT}"
+    template = ["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"]
+    said = command_difference([TRAINER], [resumed], template, CKPT, 5400)
+    assert said == (
+        "The resumed job does not run the way the stopped one had been started: the stop recorded "
+        f"{TRAINER}, the resumed job runs {resumed} (compared word by word without what the resume command adds for "
+        "the checkpoint: --resume_from_checkpoint {checkpoint}). If that is not intended, make "
+        "pivot_training_resume.command start the job as before, with only the checkpoint added.")
+
+
+@pytest.mark.parametrize("resumed", [
+    # a checkpoint from another directory is not "the checkpoint": the job was pointed elsewhere
+    f"{TRAINER} --resume_from_checkpoint /tmp/step_000005400",
+    # the option's value missing: the option itself is a difference
+    f"{TRAINER} --resume_from_checkpoint",
+    # more processes selected than the stop recorded
+    f"{TRAINER}; {TRAINER}",
+])
+def test_what_is_not_the_checkpoint_counts(resumed):
+    template = ["/root/run.sh", "--resume_from_checkpoint", "{checkpoint}"]
+    assert command_difference([TRAINER], resumed.split("; "), template, CKPT, 5400) is not None
+
+
+def test_a_bare_step_takes_out_only_this_checkpoints_step_not_every_number():
+    template = ["/root/run.sh", "{step}"]
+    assert command_difference([f"{TRAINER} --gpus 8"], [f"{TRAINER} --gpus 8 5400"], template, CKPT, 5400) is None
+    assert command_difference([f"{TRAINER} --gpus 8"], [f"{TRAINER} --gpus 4 5400"], template, CKPT, 5400) is not None
+
+
+def test_nothing_is_compared_without_both_command_lines():
+    template = ["/root/run.sh", "{checkpoint}"]
+    assert command_difference([], [f"{TRAINER} {CKPT}"], template, CKPT, 5400) is None
+    assert command_difference([TRAINER], [], template, CKPT, 5400) is None
+
+
 # --- the checkpoint ---------------------------------------------------------------------------------------------
 
 
@@ -100,6 +169,104 @@ def test_checkpoint_problems_are_named(tmp_path, change, problem):
 def test_a_checkpoint_someone_writes_into_is_not_used(tmp_path):
     path = checkpoint(tmp_path, 400, marker=False)
     assert checkpoint_problem(str(path), None, None, writers=lambda _p: [4242]) == "is being written by PID 4242"
+
+
+class Watch:
+    """A manual clock, a sleep that advances it (and lets the test change the checkpoint meanwhile), and what the
+    watch said while it waited."""
+
+    def __init__(self, settle_seconds: float = 30, during_sleep=None) -> None:
+        self.now = 100.0
+        self.said: list[str] = []
+        self.during_sleep = during_sleep or (lambda _now: None)
+        self.watch = SettleWatch(settle_seconds=settle_seconds, poll_interval=2, clock=lambda: self.now,
+                                 sleep=self.sleep, on_wait=self.said.append)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.during_sleep(self.now)
+
+    @property
+    def watched(self) -> float:
+        return self.now - 100.0
+
+
+def test_without_a_marker_or_recorded_size_a_checkpoint_must_settle_as_the_stops_does(tmp_path):
+    path = checkpoint(tmp_path, 400, marker=False)
+    watch = Watch(settle_seconds=30)
+    assert checkpoint_problem(str(path), None, None, writers=lambda _p: [], watch=watch.watch) is None
+    assert watch.watched == 30, "it watched the checkpoint unchanged for settle_seconds, no longer"
+    assert watch.said[0] == "step_000000400 (settling 0 of 30 s, 220 B), watched 0 of at most 60 s"
+
+
+def test_a_marker_or_a_recorded_size_needs_no_watch(tmp_path):
+    path = checkpoint(tmp_path, 400)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    watch = Watch()
+    assert checkpoint_problem(str(path), "COMPLETE", None, writers=lambda _p: [], watch=watch.watch) is None
+    assert checkpoint_problem(str(path), None, size, writers=lambda _p: [], watch=watch.watch) is None
+    assert watch.watched == 0 and watch.said == []
+
+
+def test_a_checkpoint_that_keeps_changing_is_refused_as_unsettled(tmp_path):
+    path = checkpoint(tmp_path, 400, marker=False)
+
+    def copy_goes_on(now: float) -> None:  # a checkpoint still being copied back: a file grows at every look
+        with (path / "part0.bin").open("ab") as handle:
+            handle.write(b"y" * 10)
+
+    watch = Watch(settle_seconds=10, during_sleep=copy_goes_on)
+    problem = checkpoint_problem(str(path), None, None, writers=lambda _p: [], watch=watch.watch)
+    assert problem is not None and problem.startswith(
+        "has not settled within 20 s: with no marker and no size recorded by a stop, it counts as complete once its "
+        "files stay unchanged for settle_seconds (10 s) with none open for writing; last seen: step_000000400 (growing")
+    assert watch.watched == 20
+
+
+def test_a_change_during_the_watch_restarts_the_settle_period(tmp_path):
+    path = checkpoint(tmp_path, 400, marker=False)
+
+    def one_late_file(now: float) -> None:
+        if now == 106.0:
+            (path / "optimizer.pt").write_bytes(b"o" * 50)
+
+    watch = Watch(settle_seconds=10, during_sleep=one_late_file)
+    assert checkpoint_problem(str(path), None, None, writers=lambda _p: [], watch=watch.watch) is None
+    assert watch.watched >= 16, "10 s unchanged after the last change at 6 s"
+
+
+def test_a_writer_that_appears_during_the_watch_holds_it_back(tmp_path):
+    path = checkpoint(tmp_path, 400, marker=False)
+    looks = []
+
+    def writers(_path: str) -> list:  # nobody at the first look, then a process opens a file in it for writing
+        looks.append(_path)
+        return [] if len(looks) == 1 else [4242]
+
+    watch = Watch(settle_seconds=4)
+    problem = checkpoint_problem(str(path), None, None, writers=writers, watch=watch.watch)
+    assert problem is not None and problem.startswith("has not settled within 8 s")
+    assert "last seen: step_000000400 (growing" in problem, "a writer found restarts the settle period, as in the stop"
+
+
+def test_a_checkpoint_removed_during_the_watch_is_gone(tmp_path):
+    path = checkpoint(tmp_path, 400, marker=False)
+
+    def removed(_now: float) -> None:
+        if path.exists():
+            shutil.rmtree(path)
+
+    watch = Watch(settle_seconds=10, during_sleep=removed)
+    assert checkpoint_problem(str(path), None, None, writers=lambda _p: [], watch=watch.watch) == (
+        "is gone: nothing is at that path any more")
+
+
+def test_a_name_with_glob_characters_is_watched_as_itself(tmp_path):
+    path = checkpoint(tmp_path, 400, marker=False)
+    odd = path.rename(tmp_path / "step_[400]*")
+    checkpoint(tmp_path, 401, marker=False, files=0)  # "step_[400]*" as a pattern would also match an empty step_4...
+    watch = Watch(settle_seconds=2)
+    assert checkpoint_problem(str(odd), None, None, writers=lambda _p: [], watch=watch.watch) is None
 
 
 def test_newer_complete_checkpoints_are_found_highest_first(tmp_path):

@@ -14,10 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import pytest
+import yaml
 from ansible_collections.pivot.ops.plugins.module_utils import state_dir
 from ansible_collections.pivot.ops.plugins.modules import resume_training
 from conftest import live_pids_with_argument
@@ -269,6 +271,41 @@ def test_a_checkpoint_that_is_gone_or_incomplete_refuses(run_module, world, dama
     assert world.job_pids() == []
 
 
+def test_a_checkpoint_without_marker_or_recorded_size_is_resumed_once_it_settled(run_module, world):
+    (world.checkpoint / "COMPLETE").unlink()  # a trainer that writes no marker, a checkpoint named for this run
+    args = world.args(checkpoint_marker=None, checkpoint_size_bytes=None, checkpoint_settle_seconds=0.5)
+    result = run_module(resume_training.main, args)
+    assert result["failed"] is False, result["msg"]
+    assert result["launched"] is True
+    assert result["timings"]["checks"] >= 0.5, "it watched the checkpoint settle before starting anything"
+
+
+def test_a_checkpoint_without_marker_still_being_written_is_refused(run_module, world):
+    (world.checkpoint / "COMPLETE").unlink()
+    stop = threading.Event()
+
+    def copy_goes_on() -> None:  # the checkpoint is still being copied back
+        while not stop.is_set():
+            with (world.checkpoint / "model.safetensors").open("ab") as handle:
+                handle.write(b"m" * 64)
+            time.sleep(0.05)
+
+    copier = threading.Thread(target=copy_goes_on, daemon=True)
+    copier.start()
+    try:
+        result = run_module(resume_training.main, world.args(checkpoint_marker=None, checkpoint_size_bytes=None,
+                                                             checkpoint_settle_seconds=0.4))
+    finally:
+        stop.set()
+        copier.join()
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"The checkpoint to resume from, {world.checkpoint}, has not settled within ")
+    assert ("s: with no marker and no size recorded by a stop, it counts as complete once its files stay unchanged "
+            "for settle_seconds (0.4 s) with none open for writing; last seen: step_000000400 (") in result["msg"]
+    assert "Nothing was started." in result["msg"]
+    assert world.job_pids() == [] and not world.state_dir.joinpath("resume.json").exists()
+
+
 def test_newer_checkpoints_refuse_unless_allowed(run_module, world):
     newer = world.save(STEP + 600)
     result = run_module(resume_training.main, world.args())
@@ -363,6 +400,36 @@ def test_a_template_that_does_not_name_the_checkpoint_is_warned_about(run_module
     result = run_module(resume_training.main, args)
     assert any("does not name the checkpoint" in warning for warning in result["warnings"])
     assert result["failed"] is True and "did not resume from the checkpoint" in result["msg"]
+
+
+def stopped_as(world, *flags: str) -> list:
+    """The stop's record of how the job had been started: its selected process's command line."""
+    return [" ".join([sys.executable, world.trainer, "--log", str(world.log), *flags])]
+
+
+def test_a_job_resumed_as_it_had_been_started_is_not_warned_about(run_module, world):
+    result = run_module(resume_training.main, world.args("--workers", "1",
+                                                         stopped_command_lines=stopped_as(world, "--workers", "1")))
+    assert result["failed"] is False, result["msg"]
+    assert "command_difference" not in result
+    assert not any("does not run the way" in warning for warning in result.get("warnings", []))
+
+
+def test_a_job_resumed_otherwise_than_it_had_been_started_is_warned_about_naming_both(run_module, world):
+    stopped = stopped_as(world, "--workers", "2")
+    result = run_module(resume_training.main, world.args(stopped_command_lines=stopped))
+    assert result["failed"] is False, result["msg"]  # a warning, not a refusal: the job trains
+    resumed = " ".join([sys.executable, world.trainer, "--log", str(world.log), "--resume", str(world.checkpoint)])
+    assert result["command_difference"]["stopped"] == stopped
+    assert result["command_difference"]["resumed"] == [resumed]
+    said = result["command_difference"]["msg"]
+    assert said.startswith(f"The resumed job does not run the way the stopped one had been started: the stop recorded "
+                           f"{stopped[0]}, the resumed job runs {resumed} (compared word by word without what the "
+                           "resume command adds for the checkpoint: --resume {checkpoint}).")
+    assert said in result["warnings"]
+    # the second run finds the job it started, and says so again
+    again = run_module(resume_training.main, world.args(stopped_command_lines=stopped))
+    assert again["already_running"] is True and again["command_difference"]["msg"] == said
 
 
 def test_a_job_still_starting_at_the_timeout_is_left_running_and_recognised_next_time(run_module, world):
@@ -519,3 +586,18 @@ def test_without_systemd_run_nothing_is_started(run_module, world, systemd, monk
     assert result["msg"] == ("Unit dflash-training.service needs systemd-run, which is not on this host's PATH: run "
                              "the task on the host whose systemd manages the unit. Nothing was started.")
     assert systemd.popens == [] and world.job_pids() == []
+
+
+def test_the_documented_options_are_the_argument_spec():
+    """DOCUMENTATION and argument_spec() name the same options with the same type, default, choices and elements."""
+    documented = yaml.safe_load(resume_training.DOCUMENTATION)["options"]
+    spec = resume_training.argument_spec()
+
+    def shape(options: dict) -> dict:
+        keys = ("type", "default", "choices", "elements", "required")
+        return {name: {key: option.get(key) for key in keys if option.get(key) not in (None, False)}
+                | ({"options": shape(option["options"] if "options" in option else option["suboptions"])}
+                   if "options" in option or "suboptions" in option else {})
+                for name, option in options.items()}
+
+    assert shape(documented) == shape(spec)
