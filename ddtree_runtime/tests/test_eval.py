@@ -248,8 +248,8 @@ def test_bench_tau_runs_the_shipped_hybrid_pair(capsys):
     pair = ["--target", str(SHIPPED_HYBRID_TARGET), "--drafter", str(SHIPPED_HYBRID_DRAFTER)]
     bench_tau_main([*pair, "--prompts", "2", "--max-new-tokens", "16", "--budgets", "8"])
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert [cells[0].strip() for cells in rows[1:]] == ["ar", "dflash {'draft_tokens': 16}",
-                                                      "ddtree {'draft_tokens': 16, 'budget': 8}"]
+    expected = ["ar", "dflash {'draft_tokens': 16}", "ddtree {'draft_tokens': 16, 'budget': 8}"]
+    assert [cells[0].strip() for cells in rows[1:]] == expected
     taus = [float(cells[1]) for cells in rows[1:]]
     assert taus[0] == 1.0 and min(taus[1:]) > 1.0
     assert [int(cells[2]) for cells in rows[1:]] == [32] * 3

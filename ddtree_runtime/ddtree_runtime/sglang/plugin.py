@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 """What SGLang's DFLASH handler defaults ``max_running_requests`` to; DDTREE verifies more tokens per request."""
 
+
 def published_settings() -> DDTreeSettings:
     """The settings of this server, from SGLang's published speculative config and the environment."""
     from sglang.srt.runtime_context import get_spec  # noqa: PLC0415 - published only after args resolve
