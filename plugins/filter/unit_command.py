@@ -41,8 +41,8 @@ RETURN = r"""
 _value:
   description:
     - C(argv) (what the process gets), C(executable) (the file systemd runs), C(environment) (C(Environment=), a dict),
-      C(sglang_environment) (its C(SGLANG_*) and C(DDTREE_*) variables without secret-looking names: what is recorded
-      and validated), C(environment_files), and C(problem) (empty when C(argv) is exact, else why it is not).
+      C(sglang_environment) (its C(SGLANG_*) and C(DDTREE_*) variables without secret-looking names, which are what is
+      recorded and validated), C(environment_files), and C(problem) (empty when C(argv) is exact, else why it is not).
   type: dict
 """
 
