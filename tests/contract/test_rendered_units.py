@@ -10,10 +10,13 @@ rendering it for a 0.5.23 venv must fail before anything would stop.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -120,6 +123,26 @@ def test_rendered_exec_start_parses_with_sglang(
     assert recorded["argv"] == argv
 
 
+def load_unit_file_reader() -> ModuleType:
+    """plugins/plugin_utils/unit_file.py (standard library only), the reader pivot.ops.unit_command runs."""
+    path = REPO / "plugins" / "plugin_utils" / "unit_file.py"
+    spec = importlib.util.spec_from_file_location("pivot_unit_file", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("release", ["ddtree", "nextn-baseline"])
+def test_the_unit_file_reader_reads_each_rendered_unit_as_rendered(rendered: Path, release: str) -> None:
+    """What the baseline check reads from a unit file is what systemd would run: Pivot's own units read back exactly."""
+    release_dir = rendered / "releases" / release
+    command = load_unit_file_reader().unit_command((release_dir / "sglang.service").read_text())
+    assert command["problem"] == ""
+    assert command["argv"] == json.loads((release_dir / "release.json").read_text())["argv"]
+
+
 def test_ddtree_release_selects_the_plugin_and_its_knobs(rendered: Path, run_probe: ProbeRunner) -> None:
     release_dir = rendered / "releases" / "ddtree"
     env = environment_of(release_dir)
@@ -168,3 +191,25 @@ def test_check_server_args_reports_the_plugins_refusal_from_real_sglang(sglang_p
     completed = check_args(args)
     assert completed.returncode == 2
     assert "must be in 2..16 for DDTREE, got 1" in completed.stderr
+
+
+@pytest.mark.parametrize(("selection", "loaded"), [
+    (None, {"ddtree": "ddtree_runtime"}),  # unset: every installed plugin
+    ("", {"ddtree": "ddtree_runtime"}),  # empty restricts nothing either
+    (",", {}),  # a selection naming no installed plugin loads none
+    ("ddtree", {"ddtree": "ddtree_runtime"}),
+])
+def test_check_server_args_reports_the_plugins_sglang_0_5_23_loads(
+    sglang_python: Path, selection: str | None, loaded: dict[str, str]
+) -> None:
+    """Why the NEXTN baseline is validated for DDTree code rather than given an empty SGLANG_PLUGINS: SGLang 0.5.23
+    treats an empty selection as none at all, and loads ddtree_runtime's plugin wherever it is installed."""
+    env = probe_env({"SGLANG_PLUGINS": selection} if selection is not None else None)
+    if selection is None:
+        env.pop("SGLANG_PLUGINS")
+    completed = subprocess.run([str(SGLANG_VENV / "bin" / "python3"), str(CHECK_ARGS), "sglang.launch_server",
+                                "--model-path", "/m"], capture_output=True, text=True, env=env, timeout=300,
+                               check=False)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    reported = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert reported["plugin_distributions"] == loaded and reported["plugins"] == sorted(loaded)

@@ -93,7 +93,7 @@ def test_0_5_11_takes_the_users_unit(venvs: dict[str, Path]) -> None:
     done = check(venvs["0.5.11"], USER_UNIT_ARGS)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"ok": True, "sglang_version": "0.5.11", "speculative_algorithm": "NEXTN",
-                                       "plugins": None}
+                                       "plugins": None, "plugin_distributions": None}
 
 
 def test_0_5_23_rejects_the_users_mamba_flag_as_real_sglang_does(venvs: dict[str, Path]) -> None:
@@ -124,9 +124,20 @@ def test_ddtree_resolves_through_the_selected_plugin(venvs: dict[str, Path]) -> 
     assert json.loads(done.stdout)["plugins"] == ["ddtree"]
 
 
-def test_without_sglang_plugins_every_installed_plugin_loads(venvs: dict[str, Path]) -> None:
-    done = check(venvs["0.5.23-ddtree"], ddtree_args(16))
-    assert done.returncode == 0 and json.loads(done.stdout)["plugins"] == ["ddtree"]
+@pytest.mark.parametrize("selection", [None, ""])
+def test_without_a_selection_every_installed_plugin_loads(venvs: dict[str, Path], selection: str | None) -> None:
+    """As real SGLang 0.5.23 (tests/contract): SGLANG_PLUGINS unset or empty restricts nothing."""
+    env = {} if selection is None else {"SGLANG_PLUGINS": selection}
+    done = check(venvs["0.5.23-ddtree"], ddtree_args(16), **env)
+    assert done.returncode == 0, done.stderr
+    reported = json.loads(done.stdout)
+    assert reported["plugins"] == ["ddtree"] and reported["plugin_distributions"] == {"ddtree": "ddtree_runtime"}
+
+
+def test_a_selection_naming_no_installed_plugin_loads_none(venvs: dict[str, Path]) -> None:
+    done = check(venvs["0.5.23-ddtree"], USER_UNIT_ARGS[:8], SGLANG_PLUGINS=",")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["plugins"] == [] and json.loads(done.stdout)["plugin_distributions"] == {}
 
 
 def test_a_plugin_left_out_of_sglang_plugins_is_not_loaded(venvs: dict[str, Path]) -> None:

@@ -65,6 +65,30 @@ def test_checkpoint_that_never_lands_leaves_the_job_running(
         path for path in changed if not path.startswith(PREPARED_BEFORE_THE_STOP)]
 
 
+def test_a_forced_stop_says_the_work_it_lost_in_the_result_and_the_last_message(
+    training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """pivot_training_force=true over a checkpoint that never lands: the pivot goes through, and neither the report's
+    result nor the run's last message reads as a plain OK."""
+    training("--checkpoint-on", "never")
+
+    run = pivotlab.run_playbook("pivot.yml", checkpoint_settings_with_timeout(CHECKPOINT_TIMEOUT_S),
+                                "pivot_training_force=true")
+
+    assert run.rc == 0, run.summary()
+    lost = run.phase("stop_training", "ct200")["findings"]["work_lost"]
+    assert lost, run.phase("stop_training", "ct200")
+    said = (f"{lost['steps_lost']} steps of training lost" if lost["steps_lost"] is not None
+            else "training work lost (steps unknown)") + " by a forced stop on ct200"
+    assert run.report is not None and run.report["status"] == "ok"
+    assert run.report["result"].startswith(f"OK: switched to ddtree-d16-b64-k8; {said}"), run.report["result"]
+    markdown = (pivotlab.ARTIFACTS / f"pivot-{run.run_id}.md").read_text()
+    assert f"**Result: {run.report['result']}**" in markdown
+    closing = [result.get("msg", "") for task, host, result in run.host_results()
+               if task == "Say how the run ended" and host == "localhost"]
+    assert closing == [f"{run.report['result']} (report: {run.report['report']})"], closing
+
+
 # --- progress ------------------------------------------------------------------------------------------------------
 
 SLOW_CHECKPOINT_S = 40

@@ -7,9 +7,14 @@ system; ``SGLANG_PLUGINS`` from the environment selects them), parse the argumen
 ``sglang.srt.server_args.prepare_server_args``, resolve the speculative algorithm and, for an algorithm a plugin
 registered, run that plugin's server-args check the way SGLang's resolution does (``record_foreign_defaults``). The
 rest of SGLang's resolution needs the GPU the server will use and is left to the start. Prints one JSON line
-(``sglang_version``, ``speculative_algorithm``, ``plugins``) and exits 0 when the server would accept the command line;
-exits 2 with SGLang's own message otherwise, 3 when MODULE is not SGLang's launcher. Standard library only besides
-SGLang, so it runs in any SGLang venv without installing anything there.
+(``sglang_version``, ``speculative_algorithm``, ``plugins``: the names of the general plugins SGLang loaded, None for a
+release without a plugin system; ``plugin_distributions``: each one's distribution) and exits 0 when the server would
+accept the command line; exits 2 with SGLang's own message otherwise, 3 when MODULE is not SGLang's launcher. Standard
+library only besides SGLang, so it runs in any SGLang venv without installing anything there.
+
+Which plugins load is SGLang's own selection (``sglang.srt.plugins.load_plugins_by_group``: the installed entry points,
+restricted by a non-empty ``SGLANG_PLUGINS``), read as ``load_plugins`` calls it. A release whose plugin system has no
+such function is reported with every installed entry point of the group: more than it may load, never fewer.
 """
 
 from __future__ import annotations
@@ -22,12 +27,34 @@ from typing import Any
 LAUNCHERS = ("sglang.launch_server",)
 
 
-def load_plugins() -> Any:
+GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"
+
+
+def load_plugins() -> dict[str, str | None] | None:
+    """Load SGLang's plugins as the server does; the general ones it loaded, by name with their distribution."""
     try:
-        from sglang.srt.plugins import load_plugins as load  # noqa: PLC0415 - SGLang >= 0.5.12 only
+        from sglang.srt import plugins as registry  # noqa: PLC0415 - SGLang >= 0.5.12 only
     except ImportError:
         return None
-    return load()
+    loaded: dict[str, str | None] = {}
+    select = getattr(registry, "load_plugins_by_group", None)
+    if not callable(select):
+        registry.load_plugins()
+        return {ep.name: ep.dist.name if ep.dist else None
+                for ep in importlib.metadata.entry_points(group=GENERAL_PLUGINS_GROUP)}
+
+    def recording(group: str, *args: Any, **kwargs: Any) -> Any:
+        found = select(group, *args, **kwargs)
+        if group == GENERAL_PLUGINS_GROUP:
+            loaded.update({name: dist for name, (_func, dist) in found.items()})
+        return found
+
+    registry.load_plugins_by_group = recording
+    try:
+        registry.load_plugins()
+    finally:
+        registry.load_plugins_by_group = select
+    return loaded
 
 
 def run_plugin_validation(algorithm: Any, parsed: Any) -> None:
@@ -55,8 +82,8 @@ def check(module: str, args: list[str]) -> dict[str, Any]:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: PLC0415
 
         run_plugin_validation(SpeculativeAlgorithm.from_string(algorithm), parsed)
-    return {"ok": True, "sglang_version": importlib.metadata.version("sglang"),
-            "speculative_algorithm": algorithm, "plugins": plugins if isinstance(plugins, list) else None}
+    return {"ok": True, "sglang_version": importlib.metadata.version("sglang"), "speculative_algorithm": algorithm,
+            "plugins": None if plugins is None else sorted(plugins), "plugin_distributions": plugins}
 
 
 def main(argv: list[str]) -> int:

@@ -3,20 +3,11 @@ resume_training_after_rollback=true)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import jinja2
-
-TEMPLATE = Path(__file__).resolve().parents[3] / "roles" / "run_report" / "templates" / "report.md.j2"
+from test_run_report_template import render as render_report
 
 
 def render(phases: list[dict], playbook: str = "resume_training") -> str:
-    environment = jinja2.Environment(trim_blocks=True, undefined=jinja2.ChainableUndefined)
-    environment.filters["to_json"] = json.dumps
-    view = {"playbook": playbook, "run_id": "r1", "check_mode": False, "written": "2026-12-01T00:00:00Z",
-            "status": "ok", "phases": phases}
-    return environment.from_string(TEMPLATE.read_text()).render(run_report_view=view)
+    return render_report(phases, playbook)
 
 
 def resume_phase(**findings: object) -> dict:

@@ -1,4 +1,5 @@
-"""The run report's Markdown, rendered the way the template module renders it (Jinja2, trim_blocks)."""
+"""The run report's Markdown, rendered the way the template module renders it (Jinja2, trim_blocks), from the view the
+run_report role builds (its outcome from pivot.ops.run_outcome)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,25 @@ from pathlib import Path
 
 import jinja2
 import pytest
+from ansible_collections.pivot.ops.plugins.filter.run_outcome import run_outcome
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "roles" / "run_report" / "templates" / "report.md.j2"
 
 
-def render(phases: list[dict]) -> str:
+def report_view(phases: list[dict], playbook: str = "pivot") -> dict:
+    """run_report_data as roles/run_report builds it."""
+    return {"playbook": playbook, "run_id": "r1", "check_mode": False, "written": "2026-12-01T00:00:00Z",
+            "report": f"/a/{playbook}-r1.md", "phases": phases, **run_outcome(phases)}
+
+
+def render(phases: list[dict], playbook: str = "pivot") -> str:
     environment = jinja2.Environment(trim_blocks=True, undefined=jinja2.ChainableUndefined)
     environment.filters["to_json"] = json.dumps
-    view = {"playbook": "pivot", "run_id": "r1", "check_mode": False, "written": "2026-12-01T00:00:00Z",
-            "status": "ok", "phases": phases}
-    return environment.from_string(TEMPLATE.read_text()).render(run_report_view=view)
+    return environment.from_string(TEMPLATE.read_text()).render(run_report_view=report_view(phases, playbook))
+
+
+def result_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("**Result: "))
 
 
 def stop_phase(findings: dict) -> dict:
@@ -35,6 +45,20 @@ def test_a_forced_stop_heads_the_report_with_the_checkpoint_to_resume_from_and_t
     assert "the log had reached step 5381: 1381 steps of training are lost." in warning
     assert "Why: No new complete checkpoint" in warning
     assert "| training job | Stopped 3 process(es). |" in summary
+
+
+def test_a_forced_stop_is_in_the_result_line_not_a_plain_ok() -> None:
+    lost = {"reason": "r", "last_checkpoint": "/root/train/checkpoints/step_4000", "last_checkpoint_step": 4000,
+            "last_logged_step": 5381, "steps_lost": 1381}
+    switched = {"phase": "sglang_release", "host": "pro6000", "status": "ok", "seconds": 90.0, "started": 2,
+                "findings": {"release": "ddtree-d16-b64-k8", "switched": True}}
+    line = result_line(render([stop_phase({"work_lost": lost}), switched]))
+    assert line.startswith("**Result: OK: switched to ddtree-d16-b64-k8; 1381 steps of training lost by a forced stop "
+                           "on ct200: resume from /root/train/checkpoints/step_4000 (step 4000); the log had reached "
+                           "step 5381** (written ")
+    checkpointed = result_line(render([stop_phase({"work_lost": None}), switched]))
+    assert checkpointed.startswith("**Result: OK: switched to ddtree-d16-b64-k8** (written")
+    assert "lost" not in checkpointed
 
 
 @pytest.mark.parametrize("lost", [
@@ -74,3 +98,15 @@ def test_the_report_tells_a_rollback_that_worked_from_one_that_left_the_server_d
     assert release_line(down) == (
         "| release | ddtree-16 FAILED, and the rollback to nextn-baseline FAILED: **the server is DOWN** |")
     assert "rolled back to" not in down
+
+
+def test_the_result_line_of_a_run_that_left_the_server_down_names_the_command_with_its_inventory() -> None:
+    command = "ansible-playbook -i /srv/pivot/inventory/production playbooks/rollback_nextn.yml"
+    down = render([switch_phase({"release": "ddtree-16", "failure": "x", "rollback_to": "nextn-baseline",
+                                 "rollback_failure": "y", "server_down": True, "rollback_command": command})])
+    assert result_line(down).startswith(
+        "**Result: FAILED: ddtree-16 failed and the rollback to nextn-baseline failed too: the server on pro6000 is "
+        f"DOWN (fix the cause, then run {command})**")
+    rolled_back = render([switch_phase({"release": "ddtree-16", "failure": "x", "rolled_back_to": "nextn-baseline"})])
+    assert result_line(rolled_back).startswith(
+        "**Result: FAILED: ddtree-16 failed; rolled back to nextn-baseline, which serves again**")

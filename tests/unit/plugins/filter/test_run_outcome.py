@@ -1,0 +1,83 @@
+"""How a run ended, in one line (pivot.ops.run_outcome): what the server ended on, and what a forced stop lost, so a run
+that stopped the training without a new checkpoint never reads as a plain OK."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible_collections.pivot.ops.plugins.filter.run_outcome import run_outcome
+
+LOST = {"reason": "No new complete checkpoint appeared within 900s.", "last_checkpoint": "/data/ckpt/step_000004000",
+        "last_checkpoint_step": 4000, "last_logged_step": 5381, "steps_lost": 1381}
+
+
+def stop(work_lost: dict | None = None, status: str = "ok") -> dict:
+    return {"phase": "stop_training", "host": "ct200", "status": status,
+            "findings": {"result": "Stopped 10 process(es).", "work_lost": work_lost}}
+
+
+def switch(status: str = "ok", **findings: object) -> dict:
+    return {"phase": "sglang_release", "host": "pro6000", "status": status,
+            "findings": {"release": "ddtree-d16-b64-k8", **findings}}
+
+
+def test_a_switch_after_a_checkpointed_stop_is_ok_and_says_what_serves() -> None:
+    outcome = run_outcome([stop(), switch(switched=True)])
+    assert outcome == {"status": "ok", "result": "OK: switched to ddtree-d16-b64-k8", "work_lost": ""}
+    assert run_outcome([switch(switched=False)])["result"] == "OK: ddtree-d16-b64-k8 was already serving"
+
+
+def test_a_forced_stop_puts_the_steps_lost_in_the_result() -> None:
+    outcome = run_outcome([stop(LOST), switch(switched=True)])
+    lost = ("1381 steps of training lost by a forced stop on ct200: resume from /data/ckpt/step_000004000 (step 4000); "
+            "the log had reached step 5381")
+    assert outcome["status"] == "ok" and outcome["work_lost"] == lost
+    assert outcome["result"] == f"OK: switched to ddtree-d16-b64-k8; {lost}"
+
+
+def test_a_forced_stop_with_no_checkpoint_and_no_step_count_says_so() -> None:
+    lost = {**LOST, "last_checkpoint": None, "last_checkpoint_step": None, "steps_lost": None}
+    outcome = run_outcome([stop(lost)])
+    assert outcome["work_lost"] == ("training work lost (steps unknown) by a forced stop on ct200: no checkpoint to "
+                                    "resume from; the log had reached step 5381")
+    assert outcome["result"] == "OK: " + outcome["work_lost"]
+
+
+def test_step_zero_is_a_step() -> None:
+    lost = {**LOST, "last_checkpoint": "/c/step_0", "last_checkpoint_step": 0, "last_logged_step": 12, "steps_lost": 12}
+    assert "12 steps of training lost" in run_outcome([stop(lost)])["work_lost"]
+    assert "(step 0)" in run_outcome([stop(lost)])["work_lost"]
+
+
+def test_a_rollback_that_worked_and_one_that_left_the_server_down_read_differently() -> None:
+    rolled = run_outcome([stop(LOST), switch("failed", failure="x", rolled_back_to="nextn-baseline")])
+    assert rolled["status"] == "failed"
+    assert rolled["result"].startswith("FAILED: ddtree-d16-b64-k8 failed; rolled back to nextn-baseline, which "
+                                       "serves again; 1381 steps of training lost by a forced stop on ct200")
+    command = "ansible-playbook -i /srv/pivot/inventory/production playbooks/rollback_nextn.yml"
+    down = run_outcome([switch("failed", failure="x", rollback_to="nextn-baseline", rollback_failure="y",
+                               server_down=True, rollback_command=command)])
+    assert down["result"] == ("FAILED: ddtree-d16-b64-k8 failed and the rollback to nextn-baseline failed too: the "
+                              f"server on pro6000 is DOWN (fix the cause, then run {command})")
+    assert "serves again" not in down["result"]
+
+
+def test_a_failure_elsewhere_names_the_phase_and_host() -> None:
+    outcome = run_outcome([{"phase": "preflight", "host": "ct200", "status": "ok", "findings": {}},
+                           {"phase": "stop_training", "host": "ct200", "status": "failed", "findings": {}}])
+    assert outcome == {"status": "failed", "result": "FAILED: stop_training failed on ct200", "work_lost": ""}
+
+
+def test_check_mode_says_what_it_would_do_and_a_run_without_a_switch_is_plain() -> None:
+    assert run_outcome([switch("checked", switched=True)], check_mode=True)["result"] == (
+        "OK (check mode): would switch to ddtree-d16-b64-k8")
+    resume = {"phase": "resume_training", "host": "ct200", "status": "ok", "findings": {}}
+    assert run_outcome([resume])["result"] == "OK"
+    rollback = {"phase": "sglang_release_rollback", "host": "pro6000", "status": "ok",
+                "findings": {"release": "nextn-baseline", "switched": True}}
+    assert run_outcome([rollback])["result"] == "OK: switched to nextn-baseline"
+
+
+def test_the_input_must_be_phase_records() -> None:
+    with pytest.raises(AnsibleFilterError, match="list of phase records"):
+        run_outcome({"phase": "x"})
