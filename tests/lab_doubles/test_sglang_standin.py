@@ -155,6 +155,17 @@ def test_the_plugins_own_rules_refuse(venvs: dict[str, Path], draft: int, budget
     assert done.returncode == 2 and message in done.stderr
 
 
+def test_the_plugins_server_args_rules_refuse_a_backend_it_cannot_verify_trees_on(venvs: dict[str, Path]) -> None:
+    """The stand-in runs the plugin's own validate_server_args (as SGLang 0.5.23 does through the registration; on the
+    H200 DDTREE with --attention-backend fa3 was refused at start), so the lab refuses what production refuses."""
+    done = check(venvs["0.5.23-ddtree"], [*ddtree_args(16), "--attention-backend", "fa3"], SGLANG_PLUGINS="ddtree",
+                 DDTREE_BUDGET="64")
+    assert done.returncode == 2 and "--attention-backend fa3 cannot verify DDTree trees" in done.stderr
+    allowed = check(venvs["0.5.23-ddtree"], [*ddtree_args(16), "--attention-backend", "triton"],
+                    SGLANG_PLUGINS="ddtree", DDTREE_BUDGET="64")
+    assert allowed.returncode == 0, allowed.stderr
+
+
 def test_the_api_key_comes_from_a_config_file(venvs: dict[str, Path], tmp_path: Path) -> None:
     config = tmp_path / "secrets.yaml"
     config.write_text("api-key: s3cret\n")

@@ -6,8 +6,8 @@ restricts nothing; ``","`` selects none), and returns ``{name: (callable, distri
 each once per process and returns None. So a venv without ddtree_runtime never knows DDTREE, and one with it loads it
 unless ``SGLANG_PLUGINS`` leaves it out. The registration itself is emulated: ddtree_runtime's ``register()`` hooks real
 SGLang internals the stand-in does not have, so for its entry point the stand-in registers ``DDTREE`` with the plugin's
-own rules (``ddtree_runtime.sglang.config``'s settings resolver, ``ddtree_runtime.model_layout``'s pair check). Any
-other plugin is loaded and called as SGLang does.
+own server-args rules (``ddtree_runtime.sglang.server_args_rules.validate_server_args``, which SGLang runs through the
+registration). Any other plugin is loaded and called as SGLang does.
 """
 
 from __future__ import annotations
@@ -29,21 +29,10 @@ _loaded = False
 
 
 def _validate_ddtree(args: argparse.Namespace) -> None:
-    from ddtree_runtime.model_layout import pair_problem  # noqa: PLC0415 - the plugin's own rules
-    from ddtree_runtime.sglang.config import resolve_settings  # noqa: PLC0415
+    """The plugin's own server-args rules, the function SGLang's resolution runs through the registration."""
+    from ddtree_runtime.sglang.server_args_rules import validate_server_args  # noqa: PLC0415 - in the release venv
 
-    def refuse(message: str) -> None:
-        raise ValueError(f"--speculative-algorithm DDTREE: {message}")
-
-    try:
-        resolve_settings(args.speculative_num_draft_tokens)
-    except ValueError as error:
-        refuse(str(error))
-    if not args.speculative_draft_model_path:
-        refuse("needs --speculative-draft-model-path (the DFlash drafter)")
-    problem = pair_problem(args.model_path, args.speculative_draft_model_path)
-    if problem is not None:
-        refuse(problem)
+    validate_server_args(args)
 
 
 def _register_ddtree() -> None:
