@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -106,3 +107,22 @@ def test_check_hosts_playbook_proves_every_host_and_writes_a_report() -> None:
     assert len(hosts["ct200"]["gpus"]) == 8 and len(hosts["pro6000"]["gpus"]) == 2
     assert hosts["pro6000"]["sglang_unit"] == "active"
     assert hosts["pro6000"]["speculative_algorithm"] == "EAGLE"  # SGLang reports NEXTN as EAGLE
+
+
+def _serving_json(path: str) -> dict:
+    result = labctl.ansible_adhoc("pro6000", "ansible.builtin.slurp", f"src={path}")
+    assert not result.get("failed"), result
+    return json.loads(base64.b64decode(result["content"]))
+
+
+def test_the_serving_host_serves_a_pair_shaped_like_qwen36_and_its_z_lab_drafter() -> None:
+    """Issue 14: the lab's serving host carries the user's model layout at the production paths (the hybrid target
+    with its settings under text_config, the flat z-lab drafter), so preflight and the gates meet the real shapes."""
+    target = _serving_json("/root/models/Qwen3.6-27B/config.json")
+    drafter = _serving_json("/root/models/Qwen3.6-27B-DFlash/config.json")
+    assert target["architectures"] == ["Qwen3_5ForConditionalGeneration"] and "vision_config" in target
+    text = target["text_config"]
+    assert "num_hidden_layers" not in target and "linear_attention" in text["layer_types"]
+    assert drafter["architectures"] == ["DFlashDraftModel"] and "text_config" not in drafter
+    assert all(0 <= layer < text["num_hidden_layers"] - 1 for layer in drafter["dflash_config"]["target_layer_ids"])
+    assert 0 <= drafter["dflash_config"]["mask_token_id"] < text["vocab_size"]
