@@ -91,6 +91,9 @@ def inspect(directory: Path) -> dict[str, object]:
         "requirements": [f"{name}=={version}" for name, version in pins.items()],
         "files": len(wheels),
         "bytes": sum(wheel.path.stat().st_size for wheel in wheels),
+        # what a copy ships, one file at a time (a progress line for each)
+        "shipped_files": [{"name": path.name, "bytes": path.stat().st_size}
+                          for path in [lock, *(wheel.path for wheel in wheels)]],
     }
 
 

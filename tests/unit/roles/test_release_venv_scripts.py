@@ -46,6 +46,15 @@ def test_inspect_describes_a_complete_wheelhouse(wheelhouse: Path) -> None:
     assert info["files"] == 4 and len(info["id"]) == 16
 
 
+def test_inspect_lists_what_a_ship_copies_the_lock_first_with_sizes(wheelhouse: Path) -> None:
+    info = json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)
+    shipped = info["shipped_files"]
+    assert shipped[0]["name"] == "requirements.txt"
+    assert sorted(entry["name"] for entry in shipped[1:]) == sorted(path.name for path in wheelhouse.glob("*.whl"))
+    assert all(entry["bytes"] == (wheelhouse / entry["name"]).stat().st_size for entry in shipped)
+    assert sum(entry["bytes"] for entry in shipped[1:]) == info["bytes"]
+
+
 def test_the_id_changes_with_any_wheel(wheelhouse: Path) -> None:
     before = json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["id"]
     with zipfile.ZipFile(wheelhouse / "sglang-0.5.23-py3-none-any.whl", "a") as archive:
