@@ -5,8 +5,9 @@
 """How a run ended, in one line, from its phase records: the report's result and the playbook's last message.
 
 A run is ``failed`` when any phase failed. Its result says what the server ended on (switched; rolled back and serving
-again; or, loudly, down with the command that brings the baseline back) and any training work a forced stop lost, so
-that a run which stopped the training without a new checkpoint never reads as a plain OK.
+again; or, loudly, down with the command that brings the baseline back), that a release serves without its quality
+gate having run (no baseline answers to compare with), and any training work a forced stop lost, so that a run which
+stopped the training without a new checkpoint never reads as a plain OK.
 """
 
 from __future__ import annotations
@@ -66,6 +67,18 @@ def server_outcome(records: Sequence[Record], check_mode: bool) -> str:
     return f"switched to {release}" if found["switched"] else f"{release} was already serving"
 
 
+def gate_not_run(records: Sequence[Record]) -> str:
+    """The quality gate's note when a release now serves without it having run ('' otherwise)."""
+    switches = [r for r in records if r.get("phase") in SWITCH_PHASES and _findings(r)]
+    if not switches:
+        return ""
+    found = _findings(switches[-1])
+    note = found.get("quality_note")
+    if not note or found.get("server_down") or found.get("rolled_back_to"):
+        return ""
+    return f"the quality gate did not run: {note}"
+
+
 def run_outcome(records: Sequence[Record], check_mode: bool = False) -> dict[str, str]:
     """``status`` (ok/failed), ``result`` (the one line), ``work_lost`` (the forced stops' sentence, or '')."""
     failed = [r for r in records if r.get("status") == "failed"]
@@ -74,6 +87,7 @@ def run_outcome(records: Sequence[Record], check_mode: bool = False) -> dict[str
     clauses = [server_outcome(records, check_mode)]
     if failed and not clauses[0]:
         clauses[0] = f"{failed[-1].get('phase', '?')} failed on {failed[-1].get('host', '?')}"
+    clauses.append(gate_not_run(records))
     clauses.append(lost)
     said = "; ".join(clause for clause in clauses if clause)
     head = status.upper() + (" (check mode)" if check_mode else "")

@@ -62,6 +62,16 @@ def test_a_rollback_that_worked_and_one_that_left_the_server_down_read_different
     assert "serves again" not in down["result"]
 
 
+def test_a_release_that_serves_without_its_quality_gate_says_so() -> None:
+    note = "not compared: no baseline answers were recorded (the baseline was not serving when the release was prepared)"
+    outcome = run_outcome([stop(LOST), switch(switched=True, quality_note=note)])
+    assert outcome["result"].startswith(f"OK: switched to ddtree-d16-b64-k8; the quality gate did not run: {note}; "
+                                        "1381 steps of training lost")
+    assert run_outcome([switch(switched=True, quality_note="")])["result"] == "OK: switched to ddtree-d16-b64-k8"
+    rolled = run_outcome([switch("failed", failure="x", rolled_back_to="nextn-baseline", quality_note=note)])
+    assert "quality gate" not in rolled["result"]
+
+
 def test_a_failure_elsewhere_names_the_phase_and_host() -> None:
     outcome = run_outcome([{"phase": "preflight", "host": "ct200", "status": "ok", "findings": {}},
                            {"phase": "stop_training", "host": "ct200", "status": "failed", "findings": {}}])
