@@ -63,7 +63,8 @@ def test_a_rollback_that_worked_and_one_that_left_the_server_down_read_different
 
 
 def test_a_release_that_serves_without_its_quality_gate_says_so() -> None:
-    note = "not compared: no baseline answers were recorded (the baseline was not serving when the release was prepared)"
+    note = ("not compared: no baseline answers were recorded (the baseline was not serving when the release was "
+            "prepared)")
     outcome = run_outcome([stop(LOST), switch(switched=True, quality_note=note)])
     assert outcome["result"].startswith(f"OK: switched to ddtree-d16-b64-k8; the quality gate did not run: {note}; "
                                         "1381 steps of training lost")
