@@ -177,6 +177,8 @@ def test_a_request_during_a_save_is_honoured_at_the_next_step(trainsim):
     trainsim.wait_for_log("Saving checkpoint for global step 3 (periodic)")
     trainer.send_signal(signal.SIGUSR1)
     wait_for(lambda: 4 in trainsim.complete_steps(), what="checkpoint of step 4")
+    # the files are complete a moment before the trainer logs that it saved them
+    trainsim.wait_for_log(f"Checkpoint saved: {trainsim.checkpoint_dir}/step_000000004")
     events = [re.sub(r" \(\d+\.\ds\)$", "", line.split("] ", 1)[1])
               for line in trainsim.log_lines() if "heckpoint" in line]
     assert events[:5] == [
