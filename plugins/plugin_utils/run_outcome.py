@@ -46,12 +46,17 @@ def work_lost(records: Sequence[Record]) -> str:
     return "; ".join(sentences)
 
 
+def _last_switch(records: Sequence[Record]) -> Record | None:
+    """The run's last switch or rollback that reported findings."""
+    switches = [r for r in records if r.get("phase") in SWITCH_PHASES and _findings(r)]
+    return switches[-1] if switches else None
+
+
 def server_outcome(records: Sequence[Record], check_mode: bool) -> str:
     """What the last switch or rollback left serving; '' when the run had none."""
-    switches = [r for r in records if r.get("phase") in SWITCH_PHASES and _findings(r)]
-    if not switches:
+    last = _last_switch(records)
+    if last is None:
         return ""
-    last = switches[-1]
     found, host = _findings(last), last.get("host", "?")
     release = found.get("release", "?")
     if found.get("server_down"):
@@ -69,10 +74,10 @@ def server_outcome(records: Sequence[Record], check_mode: bool) -> str:
 
 def gate_not_run(records: Sequence[Record]) -> str:
     """The quality gate's note when a release now serves without it having run ('' otherwise)."""
-    switches = [r for r in records if r.get("phase") in SWITCH_PHASES and _findings(r)]
-    if not switches:
+    last = _last_switch(records)
+    if last is None:
         return ""
-    found = _findings(switches[-1])
+    found = _findings(last)
     note = found.get("quality_note")
     if not note or found.get("server_down") or found.get("rolled_back_to"):
         return ""
