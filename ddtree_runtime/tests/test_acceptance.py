@@ -459,6 +459,36 @@ def test_the_hybrid_step_starts_its_servers_with_the_processor(tmp_path: Path, f
     assert len(state["hybrid_baseline_requests"]) == len(STRESS_REQUESTS)
 
 
+def test_the_trained_hybrid_step_serves_its_own_pair_against_its_own_baseline(
+        tmp_path: Path, fake_python: str, on_a_gpu_machine: None) -> None:
+    """The random hybrid target is a near-tie everywhere; the trained pair's case lines stand apart from it: its own
+    baseline, its own DFLASH bar, the shipped model directories."""
+    pytest.importorskip("transformers", minversion="5")
+    from ddtree_runtime.acceptance.prompts import HYBRID_DRAFTER_DIR, HYBRID_TARGET_DIR  # noqa: PLC0415
+
+    assert acceptance_main(["--out", str(tmp_path), "--python", fake_python, "--only", "hybrid,hybrid-trained",
+                            "--max-new-tokens", "24", "--health-timeout", "30"]) == 0
+    state, results, _markdown = read_outputs(tmp_path)
+    trained = [entry for entry in state["servers"] if "trained" in entry["name"]]
+    assert [entry["name"] for entry in trained] == ["hybrid-trained-baseline", "ddtree-hybrid-trained-b16",
+                                                    "dflash-hybrid-trained"]
+
+    def flag(entry: dict[str, object], name: str) -> str:
+        argv = [str(part) for part in entry["command"]]  # type: ignore[attr-defined]
+        return argv[argv.index(name) + 1]
+
+    assert {flag(entry, "--model-path") for entry in trained} == {str(HYBRID_TARGET_DIR)}
+    assert {flag(entry, "--speculative-draft-model-path") for entry in trained[1:]} == {str(HYBRID_DRAFTER_DIR)}
+    lines = {(r["case"], r["server"]) for r in results["results"]}
+    assert {("7. trained hybrid greedy == baseline", "ddtree-hybrid-trained-b16"),
+            ("7. trained hybrid greedy == baseline", "dflash-hybrid-trained"),
+            ("7. hybrid greedy == baseline", "ddtree-hybrid-b16"),
+            ("7. trained hybrid baseline with logprobs: same tokens, or a fork at a near-tie",
+             "hybrid-trained-baseline")} <= lines
+    assert not {server for case, server in lines if case.startswith("7. hybrid ") and "trained" in server}
+    assert results["results"] and all(r["ok"] for r in results["results"])
+
+
 def test_run_steps_saves_after_each_skips_finished_ones_and_stops_on_time(tmp_path: Path) -> None:
     suite = make_suite(tmp_path, sys.executable)
     ran: list[str] = []

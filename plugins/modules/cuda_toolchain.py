@@ -60,6 +60,15 @@ nvcc:
   returned: always
   type: str
   sample: /usr/local/cuda/bin/nvcc
+cuda_home:
+  description:
+    - The CUDA toolkit C(nvcc) belongs to, as nvcc itself reports it (C(TOP) of a C(--dryrun)), for C(CUDA_HOME).
+      PyTorch's extension build links C(CUDA_HOME/lib64), and without C(CUDA_HOME) guesses it from where C(nvcc) is
+      found, which is wrong for a wrapper script or a symlink outside the toolkit (C(/usr/local/bin/nvcc)).
+    - Two directories above the resolved C(nvcc) when the dry run says nothing; null without nvcc.
+  returned: always
+  type: str
+  sample: /usr/local/cuda-13.0
 nvcc_release:
   description: C(nvcc --version)'s release line; null without nvcc.
   returned: always
@@ -88,6 +97,7 @@ why_not:
 """
 
 import os
+import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
@@ -113,6 +123,17 @@ def release_line(module: AnsibleModule, nvcc: str) -> str | None:
     return lines[0] if rc == 0 and lines else None
 
 
+def toolkit_root(module: AnsibleModule, nvcc: str) -> str:
+    """Where the toolkit is: nvcc's own ``TOP`` (it sees through wrapper scripts), else two levels above the real
+    file (``.../bin/nvcc``)."""
+    _rc, out, err = module.run_command([nvcc, "--dryrun", "-c", "pivot-probe.cu", "-o", os.devnull])
+    for line in (out + "\n" + err).splitlines():
+        match = re.match(r"#\$ TOP=(.+)$", line.strip())
+        if match:
+            return os.path.normpath(match.group(1).strip())
+    return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+
+
 def compute_capabilities(module: AnsibleModule, nvidia_smi: str) -> tuple[list, str]:
     """(the capabilities, why there are none). ``why_not`` is a phrase the roles put inside their own sentences, so
     without the final full stop."""
@@ -133,7 +154,8 @@ def run_module() -> None:
     looked = ", ".join(["PATH", DEFAULT_CUDA_BIN, *module.params["search_paths"]])
     why_not = f"no nvcc found (looked on {looked})" if nvcc is None else smi_problem
     module.exit_json(
-        changed=False, nvcc=nvcc, nvcc_release=release_line(module, nvcc) if nvcc else None,
+        changed=False, nvcc=nvcc, cuda_home=toolkit_root(module, nvcc) if nvcc else None,
+        nvcc_release=release_line(module, nvcc) if nvcc else None,
         compute_capabilities=capabilities, arch_list=";".join(capabilities), build_possible=not why_not,
         why_not=why_not,
     )

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
 from ddtree_runtime.acceptance.launch import ServerSpec
-from ddtree_runtime.acceptance.prompts import DRAFTER_DIR, TARGET_DIR, suite_prompts
+from ddtree_runtime.acceptance.prompts import (
+    DRAFTER_DIR,
+    HYBRID_DRAFTER_DIR,
+    HYBRID_TARGET_DIR,
+    TARGET_DIR,
+    suite_prompts,
+)
 from ddtree_runtime.acceptance.round_cost import (
     RANDOM_PAIR_FLAGS,
     RANDOM_TARGET_FLAGS,
@@ -45,25 +51,45 @@ HYBRID_FLAGS = ("--mamba-full-memory-ratio", "0.5", "--mamba-radix-cache-strateg
 inventory/production/group_vars/serving.yml; a controller test holds the two equal)."""
 
 
-def hybrid_specs(models: Path) -> list[ServerSpec]:
-    """Case 7: baseline, DDTREE (budget 16) and DFLASH on the random Qwen3.5/3.6-style target."""
-    target, drafter = models / "hybrid-target", models / "hybrid-dflash"
+def _hybrid_trio(target: Path, drafter: Path, name: str) -> list[ServerSpec]:
+    """Baseline, DDTREE (budget 16) and DFLASH on one hybrid target, named ``<name>-baseline``,
+    ``ddtree-<name>-b16`` and ``dflash-<name>``."""
     return [
-        ServerSpec("hybrid-baseline", target, extra_flags=HYBRID_FLAGS),
-        ServerSpec("ddtree-hybrid-b16", target, algorithm="DDTREE", draft_model_path=drafter,
+        ServerSpec(f"{name}-baseline", target, extra_flags=HYBRID_FLAGS),
+        ServerSpec(f"ddtree-{name}-b16", target, algorithm="DDTREE", draft_model_path=drafter,
                    draft_tokens=DRAFT_TOKENS, budget=16, extra_flags=HYBRID_FLAGS),
-        ServerSpec("dflash-hybrid", target, algorithm="DFLASH", draft_model_path=drafter, draft_tokens=DRAFT_TOKENS,
+        ServerSpec(f"dflash-{name}", target, algorithm="DFLASH", draft_model_path=drafter, draft_tokens=DRAFT_TOKENS,
                    extra_flags=HYBRID_FLAGS),
     ]
+
+
+def hybrid_specs(models: Path) -> list[ServerSpec]:
+    """Case 7: baseline, DDTREE (budget 16) and DFLASH on the random Qwen3.5/3.6-style target."""
+    return _hybrid_trio(models / "hybrid-target", models / "hybrid-dflash", "hybrid")
+
+
+def trained_hybrid_specs() -> list[ServerSpec]:
+    """Case 7 again on the shipped trained hybrid pair (``pivot-coder-tiny-hybrid`` and its drafter): its
+    distributions are peaked, so greedy agreement with the baseline says more than on the random target, where
+    every position is a bf16 near-tie, and its accept length is a trained drafter's."""
+    return _hybrid_trio(HYBRID_TARGET_DIR, HYBRID_DRAFTER_DIR, "hybrid-trained")
+
+
+def _run_hybrid(suite: Suite, specs: Sequence[ServerSpec], label: str) -> None:
+    baseline, *speculative = specs
+    suite.run_hybrid_baseline(baseline, label)
+    for spec in speculative:
+        suite.run_hybrid_speculative(spec, label)
 
 
 def _hybrid(suite: Suite) -> None:
     models = suite.out_dir / "models"
     write_hybrid_pair(models)
-    baseline, *speculative = hybrid_specs(models)
-    suite.run_hybrid_baseline(baseline)
-    for spec in speculative:
-        suite.run_hybrid_speculative(spec)
+    _run_hybrid(suite, hybrid_specs(models), "hybrid")
+
+
+def _trained_hybrid(suite: Suite) -> None:
+    _run_hybrid(suite, trained_hybrid_specs(), "trained hybrid")
 
 
 def round_cost_specs(models: Path) -> list[ServerSpec]:
@@ -125,19 +151,20 @@ def speculative_specs(cuda_graphs: bool) -> list[ServerSpec]:
 def serving_specs(models: Path | None = None) -> list[ServerSpec]:
     """Every server of the full plan that must start and serve (the refusals are :func:`refusal_specs`); the
     hybrid and round-cost ones when given the directory their models are written to."""
-    specs = [baseline_spec(), *speculative_specs(True), *speculative_specs(False)]
+    specs = [baseline_spec(), *speculative_specs(True), *speculative_specs(False), *trained_hybrid_specs()]
     return specs + ([*hybrid_specs(models), *round_cost_specs(models)] if models is not None else [])
 
 
 def full_plan() -> list[Step]:
     """Every case: graphs on (load, sampling and requests on the largest budget; throughput), graphs off, the
-    hybrid target, refusals, then the round cost at real size."""
+    random and the trained hybrid target, refusals, then the round cost at real size."""
     largest = ddtree_spec(max(DDTREE_BUDGETS)).name
     steps = [Step("baseline", lambda suite: suite.run_baseline(baseline_spec()))]
     steps += [_speculative(spec, load=True, sampling=spec.name == largest, requests=spec.name == largest)
               for spec in speculative_specs(True)]
     steps += [_speculative(spec) for spec in speculative_specs(False)]
     steps.append(Step("hybrid", _hybrid))
+    steps.append(Step("hybrid-trained", _trained_hybrid))
     steps.append(Step("refusals", _refusals))
     steps.append(Step("round-cost", _round_cost))
     return steps

@@ -11,6 +11,8 @@ from ddtree_runtime.tokenizer import ByteTokenizer
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 TARGET_DIR = MODELS_DIR / "pivot-coder-tiny"
 DRAFTER_DIR = MODELS_DIR / "pivot-coder-tiny-dflash"
+HYBRID_TARGET_DIR = MODELS_DIR / "pivot-coder-tiny-hybrid"
+HYBRID_DRAFTER_DIR = MODELS_DIR / "pivot-coder-tiny-hybrid-dflash"
 STOP_TOKEN_IDS = sorted(ByteTokenizer.eos_token_ids)
 
 

@@ -83,7 +83,13 @@ position is below this. bf16 keeps 8 significant bits, so logits of magnitude 10
 0.05-0.1 per operation, and a verify batch of another shape (2-65 tokens per request instead of 1) rounds
 differently; at the 2026-12-02 H200 run's DFLASH divergences the float32 reference's gaps were 0.03-0.30."""
 MARGIN_CASE = "1. baseline with logprobs: same tokens, or a fork at a near-tie"
-HYBRID_MARGIN_CASE = "7. hybrid baseline with logprobs: same tokens, or a fork at a near-tie"
+
+
+def hybrid_margin_case(label: str) -> str:
+    return f"7. {label} baseline with logprobs: same tokens, or a fork at a near-tie"
+
+
+HYBRID_MARGIN_CASE = hybrid_margin_case("hybrid")
 RATE_ALPHA = 0.05
 """DDTREE is held to DFLASH's divergence rate by a one-sided Fisher exact test at this level."""
 Measured = TypeVar("Measured")
@@ -203,6 +209,7 @@ class Suite:
         self.baseline_samples: list[list[int]] | None = None
         self.baseline_logprobs: list[dict[str, Any]] | None = None
         self.hybrid_baseline: GreedyRun | None = None
+        self.hybrid_baseline_name = "hybrid-baseline"
         self.hybrid_baseline_requests: list[dict[str, Any]] | None = None
         """The hybrid baseline's answers to the case-8 requests (with its top-2 gaps), for the hybrid servers'."""
         self.margins: dict[str, dict[str, list[float | None]]] = {}
@@ -460,31 +467,34 @@ class Suite:
 
     # ---- the hybrid target (case 7) ------------------------------------------------------------------------
 
-    def run_hybrid_baseline(self, spec: ServerSpec) -> None:
+    def run_hybrid_baseline(self, spec: ServerSpec, label: str = "hybrid") -> None:
+        """Case 7's baseline on a hybrid target; ``label`` names the target in the case lines (each target's
+        speculative servers are compared with its own baseline and held to its own DFLASH)."""
         def body(server: Server) -> None:
             run = greedy_run(server, self.prompts, self.max_new_tokens)
             self.hybrid_baseline = run
-            self.record("7. hybrid baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
+            self.hybrid_baseline_name = spec.name
+            self.record(f"7. {label} baseline greedy", spec.name, all(run.outputs), prompts=len(run.outputs),
                         tokens=run.completion_tokens, seconds=round(run.seconds, 2))
-            self.margin_pass(server, run, HYBRID_MARGIN_CASE)
+            self.margin_pass(server, run, hybrid_margin_case(label))
             self.hybrid_baseline_requests = self.logprob_answers(server, with_margins=True)
 
         self.with_server(spec, body)
 
-    def run_hybrid_speculative(self, spec: ServerSpec) -> None:
-        case = "7. hybrid greedy == baseline"
+    def run_hybrid_speculative(self, spec: ServerSpec, label: str = "hybrid") -> None:
+        case = f"7. {label} greedy == baseline"
 
         def body(server: Server) -> None:
-            self.check_identity(server, spec.algorithm, "7. hybrid start + /server_info")
+            self.check_identity(server, spec.algorithm, f"7. {label} start + /server_info")
             if self.hybrid_baseline is None:
-                raise ServerError("no hybrid baseline outputs to compare with")
+                raise ServerError(f"no {label} baseline outputs to compare with")
             run = greedy_run(server, self.prompts, self.max_new_tokens)
             self.compare(case, spec.name, self.names, run.outputs, references=self.hybrid_baseline.outputs,
-                         baseline="hybrid-baseline")
+                         baseline=self.hybrid_baseline_name)
             self.run_figures[(case, spec.name)] = {"accept_length": run.accept_length,
                                                    "seconds": round(run.seconds, 2), "tokens": run.completion_tokens}
             # The hybrid's verify path differs (the GDN layers' tree-aware scan): the requests that stress it too.
-            self.request_cases(server, self.hybrid_baseline_requests, case_prefix="7. hybrid request")
+            self.request_cases(server, self.hybrid_baseline_requests, case_prefix=f"7. {label} request")
 
         self.with_server(spec, body)
 

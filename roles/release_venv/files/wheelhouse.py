@@ -1,15 +1,17 @@
 """The release's wheelhouse on the controller: build it from a lock file, or inspect one that is there.
 
     wheelhouse.py inspect DIR
-    wheelhouse.py build LOCK DIR --python-version 3.12 [--platform TAG ...]
+    wheelhouse.py build LOCK DIR --python-version 3.12 [--glibc 2.34 | --platform TAG ...]
 
 A wheelhouse is a directory of wheels plus ``requirements.txt``, the complete list (``name==version``, one per line)
 a release venv installs with ``pip --no-index``, and the pip wheel that bootstraps that venv's pip. ``inspect`` prints
 one JSON object: its ``id`` (a hash of the list and of every file's name and size, so a changed wheelhouse is a new
-one), the SGLang version it pins, the CPython tags of its binary wheels, its pip wheel, file count and bytes; it exits
-1 with a message naming what is missing when a pinned requirement has no wheel. ``build`` downloads the lock's wheels
-with pip for the serving host's Python and platform (the controller needs PyPI; the serving host does not), then
-inspects the result.
+one), the SGLang version it pins, the CPython tags of its binary wheels, the newest glibc any wheel needs, its pip
+wheel, file count and bytes; it exits 1 with a message naming what is missing when a pinned requirement has no wheel.
+``build`` downloads the lock's wheels with pip for the serving host's Python and platform (the controller needs PyPI;
+the serving host does not), then inspects the result. The platform is x86-64 Linux with glibc up to ``--glibc``: pip
+accepts a wheel only for a platform tag it is given, so every manylinux tag up to that glibc is given (a wheel tagged
+only ``manylinux_2_25``, as NVIDIA's CUDA 13 wheels are, is missed by a list that skips 2.25).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REQUIREMENTS = "requirements.txt"
-DEFAULT_PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in (5, 12, 17, 18, 24, 27, 28, 31, 34, 35, 39)),
-                     "manylinux2014_x86_64", "linux_x86_64", "any")
+DEFAULT_GLIBC = "2.34"
+"""The oldest glibc SGLang 0.5.23 itself runs on (its wheels are ``manylinux_2_34``)."""
+
+LEGACY_MANYLINUX = {"manylinux1": 5, "manylinux2010": 12, "manylinux2014": 17}
+"""The older manylinux names and the glibc 2.N each stands for (PEP 600)."""
 
 
 class WheelhouseError(Exception):
@@ -37,7 +42,36 @@ class Wheel:
     name: str
     version: str
     python_tag: str
+    platform_tag: str
     path: Path
+
+
+def glibc_minor(version: str) -> int:
+    match = re.fullmatch(r"2\.(\d+)", version.strip())
+    if match is None:
+        raise WheelhouseError(f"glibc version {version!r} must look like 2.34 (the serving host's `ldd --version`)")
+    return int(match.group(1))
+
+
+def linux_platforms(glibc: str) -> list[str]:
+    """Every x86-64 platform tag pip must be given to accept the wheels a host with this glibc can run."""
+    newest = glibc_minor(glibc)
+    tags = [f"manylinux_2_{minor}_x86_64" for minor in range(5, newest + 1)]
+    tags += [f"{name}_x86_64" for name, minor in LEGACY_MANYLINUX.items() if minor <= newest]
+    return [*tags, "any"]
+
+
+def needed_glibc(platform_tags: str) -> int:
+    """The glibc minor version a wheel's platform tags need at least (0: no manylinux tag, e.g. ``any``); of a
+    compressed tag set such as ``manylinux2014_x86_64.manylinux_2_17_x86_64`` any one suffices, so the lowest."""
+    minors = []
+    for tag in platform_tags.split("."):
+        match = re.fullmatch(r"manylinux_2_(\d+)_\w+", tag)
+        if match is not None:
+            minors.append(int(match.group(1)))
+        elif tag.split("_", 1)[0] in LEGACY_MANYLINUX:
+            minors.append(LEGACY_MANYLINUX[tag.split("_", 1)[0]])
+    return min(minors, default=0)
 
 
 def normalize(name: str) -> str:
@@ -48,7 +82,7 @@ def parse_wheel(path: Path) -> Wheel:
     parts = path.name[: -len(".whl")].split("-")
     if len(parts) not in (5, 6):
         raise WheelhouseError(f"{path.name} is not a wheel file name (name-version[-build]-python-abi-platform.whl)")
-    return Wheel(normalize(parts[0]), parts[1], parts[-3], path)
+    return Wheel(normalize(parts[0]), parts[1], parts[-3], parts[-1], path)
 
 
 def read_requirements(path: Path) -> dict[str, str]:
@@ -82,11 +116,14 @@ def inspect(directory: Path) -> dict[str, object]:
     for wheel in wheels:
         digest.update(f"{wheel.path.name}:{wheel.path.stat().st_size}\n".encode())
     cpython = sorted({tag for wheel in wheels for tag in wheel.python_tag.split(".") if re.fullmatch(r"cp3\d+", tag)})
+    glibc = max((needed_glibc(wheel.platform_tag) for wheel in wheels), default=0)
     return {
         "path": str(directory),
         "id": digest.hexdigest()[:16],
         "sglang_version": pins.get("sglang"),
         "python_tags": cpython,
+        # the oldest glibc the serving host may have ("" when no wheel is manylinux)
+        "glibc": f"2.{glibc}" if glibc else "",
         "pip_wheel": pip[-1].path.name,
         "requirements": [f"{name}=={version}" for name, version in pins.items()],
         "files": len(wheels),
@@ -97,7 +134,8 @@ def inspect(directory: Path) -> dict[str, object]:
     }
 
 
-def build(lock: Path, directory: Path, python_version: str, platforms: list[str]) -> dict[str, object]:
+def build(lock: Path, directory: Path, python_version: str, platforms: list[str],
+          glibc: str = DEFAULT_GLIBC) -> dict[str, object]:
     pins = read_requirements(lock)
     if "pip" not in pins:
         raise WheelhouseError(f"{lock} must pin pip too: it bootstraps the release venv's pip offline")
@@ -105,7 +143,7 @@ def build(lock: Path, directory: Path, python_version: str, platforms: list[str]
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--python-version", python_version, "--implementation", "cp",
                "-d", str(directory), "-r", str(lock)]
-    for platform in platforms or DEFAULT_PLATFORMS:
+    for platform in platforms or linux_platforms(glibc):
         command += ["--platform", platform]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -123,13 +161,16 @@ def main(argv: list[str]) -> int:
     builder.add_argument("lock", type=Path)
     builder.add_argument("directory", type=Path)
     builder.add_argument("--python-version", required=True)
-    builder.add_argument("--platform", action="append", default=[])
+    builder.add_argument("--glibc", default=DEFAULT_GLIBC,
+                         help="the oldest glibc among the serving hosts (default %(default)s)")
+    builder.add_argument("--platform", action="append", default=[], help="exact platform tags instead of --glibc")
     options = parser.parse_args(argv)
     try:
         if options.action == "inspect":
             result = inspect(options.directory)
         else:
-            result = build(options.lock, options.directory, options.python_version, options.platform)
+            result = build(options.lock, options.directory, options.python_version, options.platform,
+                           options.glibc)
     except (WheelhouseError, OSError) as error:
         print(f"wheelhouse: {error}", file=sys.stderr)
         return 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -72,6 +74,42 @@ def test_a_wheelhouse_without_pip_cannot_bootstrap_a_venv(wheelhouse: Path) -> N
     (wheelhouse / "pip-26.3-py3-none-any.whl").unlink()
     done = run(WHEELHOUSE, "inspect", str(wheelhouse))
     assert done.returncode == 1 and "no pip wheel" in done.stderr
+
+
+def test_inspect_names_the_oldest_glibc_the_host_may_have(wheelhouse: Path) -> None:
+    # the torch wheel's manylinux_2_28 is the newest need; linux_x86_64 and any say nothing about glibc
+    assert json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["glibc"] == "2.28"
+    wheel(wheelhouse, "nvidia_cuda_cupti-13.0.85-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl")
+    assert json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["glibc"] == "2.28"
+    wheel(wheelhouse, "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl")
+    assert json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["glibc"] == "2.34"
+
+
+def load_wheelhouse_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("wheelhouse", WHEELHOUSE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_download_platforms_are_every_manylinux_tag_up_to_the_hosts_glibc() -> None:
+    # NVIDIA's CUDA 13 wheels are tagged only manylinux_2_25; a list with gaps made pip miss them
+    # (the real build of 2026-12-04: "No matching distribution found for nvidia-cuda-cupti==13.0.85")
+    tags = load_wheelhouse_module().linux_platforms("2.34")
+    assert [f"manylinux_2_{minor}_x86_64" for minor in range(5, 35)] == tags[:30]
+    assert {"manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "any"} <= set(tags)
+    assert "manylinux_2_35_x86_64" not in tags
+    assert "manylinux2014_x86_64" not in load_wheelhouse_module().linux_platforms("2.12")
+
+
+@pytest.mark.parametrize("bad", ["2", "2.x", "3.1", "glibc 2.36"])
+def test_a_malformed_glibc_is_refused_by_name(tmp_path: Path, bad: str) -> None:
+    lock = tmp_path / "lock.txt"
+    lock.write_text("pip==26.3\n")
+    done = run(WHEELHOUSE, "build", str(lock), str(tmp_path / "wh"), "--python-version", "3.12", "--glibc", bad)
+    assert done.returncode == 1 and f"glibc version {bad!r} must look like 2.34" in done.stderr
 
 
 def test_a_directory_without_requirements_is_not_a_wheelhouse(tmp_path: Path) -> None:

@@ -40,6 +40,27 @@ def test_a_host_with_nvcc_and_two_blackwell_gpus_can_build(run_module, bin_dir: 
     assert result["changed"] is False
 
 
+def test_the_toolkit_is_where_nvcc_says_it_is_not_beside_a_wrapper(run_module, bin_dir: Path) -> None:
+    # this development machine's nvcc: /usr/local/bin/nvcc is `exec /usr/local/cuda-13.0/bin/nvcc "$@"`; torch's
+    # guess from its place (/usr/local) linked -lcudart against /usr/local/lib64 and failed in the real build
+    program(bin_dir, "nvcc", "case \"$1\" in --dryrun) echo '#$ _NVVM_BRANCH_=nvvm' >&2; "
+                             "echo '#$ TOP=/opt/cuda-13.0/bin/..' >&2 ;; *) " + NVCC.strip() + " ;; esac\n")
+    program(bin_dir, "nvidia-smi", "echo 9.0\n")
+    result = run_module(cuda_toolchain.main, {})
+    assert result["cuda_home"] == "/opt/cuda-13.0"
+    assert result["nvcc_release"] == "Cuda compilation tools, release 13.0, V13.0.88"
+
+
+def test_without_a_dry_run_answer_the_toolkit_is_above_the_real_nvcc(run_module, bin_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    toolkit = tmp_path / "cuda-13.1"
+    (toolkit / "bin").mkdir(parents=True)
+    program(toolkit / "bin", "nvcc", NVCC)
+    (bin_dir / "nvcc").symlink_to(toolkit / "bin" / "nvcc")
+    program(bin_dir, "nvidia-smi", "echo 9.0\n")
+    assert run_module(cuda_toolchain.main, {})["cuda_home"] == str(toolkit)
+
+
 def test_mixed_gpus_give_every_architecture(run_module, bin_dir: Path) -> None:
     program(bin_dir, "nvcc", NVCC)
     program(bin_dir, "nvidia-smi", "printf '9.0\\n12.0\\n'\n")
