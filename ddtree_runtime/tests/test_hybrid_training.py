@@ -21,7 +21,7 @@ from ddtree_runtime.train.forward import (
 )
 from ddtree_runtime.train.loop import DraftSettings, Schedule
 from ddtree_runtime.train.pair import HYBRID_PAIR_NAME, SHAPES, HybridShape, verify_checksums
-from ddtree_runtime.train.pipeline import PairRecipe, make_pair
+from ddtree_runtime.train.pipeline import PairRecipe, make_pair, reuse_target
 from test_hybrid import make_hybrid_decoder
 from test_shipped_pair_training import SOURCE
 
@@ -141,3 +141,33 @@ def test_recipe_writes_a_hybrid_pair_in_the_real_checkpoints_shapes(smoke_hybrid
     assert {"preprocessor_config.json", "video_preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
             "chat_template.jinja"} <= {p.name for p in target_dir.iterdir()}
     assert not (drafter_dir / "tokenizer.json").exists()
+
+
+def test_a_drafter_retrained_on_a_kept_target_leaves_the_target_bytes_as_they_were(smoke_hybrid_pair, tmp_path):
+    """``train pair --target-from``: a drafter layout change (the shipped pair's sliding-window layers) retrains only
+    the drafter; the target is read back and written again byte for byte, and both records say where it came from."""
+    target_dir = smoke_hybrid_pair / HYBRID_PAIR_NAME
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for index in range(6):
+        (root / f"mod{index}.py").write_text(SOURCE * 3)
+    quick = Schedule(seconds=60, max_steps=2, batch=2, lr=1e-3, warmup_steps=1, log_every=1)
+    draft = DraftSettings(prompt_tokens=16, new_tokens=16, distill_batch=4, distill_seconds=60, distill_max_batches=1,
+                          anchors_per_sequence=2)
+    recipe = PairRecipe(shape="smoke-hybrid", seq_len=32, target=quick, drafter=quick, draft=draft,
+                        held_out_per_mille=500)
+    output = tmp_path / "again"
+    provenance = make_pair(recipe, output, "cpu", root, target_from=target_dir)
+    assert provenance["target_reused_from"]["path"] == HYBRID_PAIR_NAME
+    assert provenance["target_steps"] == 2
+    written = (output / HYBRID_PAIR_NAME / "model.safetensors").read_bytes()
+    assert written == (target_dir / "model.safetensors").read_bytes()
+    for directory in (output / HYBRID_PAIR_NAME, output / f"{HYBRID_PAIR_NAME}-dflash"):
+        assert verify_checksums(directory) == []
+        assert json.loads((directory / "pivot_model.json").read_text())["target_reused_from"]["target_steps"] == 2
+
+
+def test_only_a_trained_target_is_kept(smoke_hybrid_pair, tmp_path):
+    drafter_dir = smoke_hybrid_pair / f"{HYBRID_PAIR_NAME}-dflash"
+    with pytest.raises(ValueError, match="is not a trained target written by `train pair`"):
+        reuse_target(drafter_dir, "cpu")

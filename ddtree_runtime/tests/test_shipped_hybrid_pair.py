@@ -10,7 +10,7 @@ import pytest
 from ddtree_runtime.eval.backends import SHIPPED_HYBRID_DRAFTER, SHIPPED_HYBRID_TARGET, ReferenceBackend, RunSpec
 from ddtree_runtime.eval.runner import evaluate
 from ddtree_runtime.eval.tasks import CODING_TASKS, HELD_OUT_PROMPTS, load_prompts
-from ddtree_runtime.model_layout import is_hybrid_target, pair_problem
+from ddtree_runtime.model_layout import drafter_window_problem, is_hybrid_target, pair_problem
 from ddtree_runtime.reference import Qwen35ForCausalLM, load_dflash, load_target
 from ddtree_runtime.sampling import SamplingParams
 from ddtree_runtime.tokenizer import SPECIAL_TOKENS
@@ -44,6 +44,11 @@ def test_configs_have_the_shapes_of_qwen36_and_the_z_lab_drafter():
     assert drafter_raw["num_target_layers"] == text["num_hidden_layers"]
     assert drafter_raw["dflash_config"]["mask_token_id"] == SPECIAL_TOKENS["<|mask|>"]
     assert drafter_raw["head_dim"] == 64
+    # z-lab's Qwen3.6 drafter has sliding-window layers before a full-attention one ([S, S, S, S, F], window 2048);
+    # scaled down here to [S, F] with a window that binds on the training sequences, in the keys SGLang reads
+    assert drafter_raw["layer_types"] == ["sliding_attention", "full_attention"]
+    assert drafter_raw["use_sliding_window"] is True and drafter_raw["sliding_window"] == 128
+    assert drafter_window_problem(drafter_raw) is None
     assert pair_problem(SHIPPED_HYBRID_TARGET, SHIPPED_HYBRID_DRAFTER) is None
     target, drafter = load_target(SHIPPED_HYBRID_TARGET), load_dflash(SHIPPED_HYBRID_DRAFTER)
     assert isinstance(target, Qwen35ForCausalLM) and target.config.vocab_size == drafter.config.vocab_size == 320

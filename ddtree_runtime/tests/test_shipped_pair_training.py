@@ -81,8 +81,11 @@ def test_target_forward_matches_the_reference_logits_and_features(pair):
         torch.testing.assert_close(features[row], reference.features, rtol=0, atol=1e-10)
 
 
-def test_drafter_block_forward_matches_the_reference_draft_call(pair):
-    target, drafter = pair
+@pytest.mark.parametrize("sliding", [False, True], ids=["full-attention", "sliding-window"])
+def test_drafter_block_forward_matches_the_reference_draft_call(sliding):
+    # the sliding drafter's first layer is causal with a window of 8, which binds at these anchors
+    decoder = make_decoder(seed=3, sliding=sliding)
+    target, drafter = decoder.target, decoder.drafter.model
     ids = torch.randint(0, 31, (2, 40), generator=torch.Generator().manual_seed(1))
     layers = drafter.config.target_layer_ids
     rope = RopeTable(target.rotary.inv_freq, 64, "cpu")
@@ -91,14 +94,21 @@ def test_drafter_block_forward_matches_the_reference_draft_call(pair):
         _unused, features = target_forward(target, ids, rope, capture_layers=layers)
         logits = drafter_block_logits(drafter, target, features, ids, anchors, rope=rope)
     assert logits.shape == (2, 3, drafter.config.block_size - 1, target.config.vocab_size)
-    reference = SpeculativeDecoder(target, make_decoder(seed=3).drafter).drafter
-    reference.model = drafter
+    reference = decoder.drafter
     for row in range(2):
         for column, anchor in enumerate(anchors[row].tolist()):
             expected = reference.draft(
                 reference.new_state(), ids[row, :anchor].tolist(), int(ids[row, anchor]), features[row, :anchor]
             )
             torch.testing.assert_close(logits[row, column], expected, rtol=0, atol=1e-10)
+
+
+def test_a_sliding_layers_visibility_is_causal_and_windowed_as_at_inference():
+    allowed = block_visibility(torch.tensor([[4]]), context_length=6, block_size=3, causal=True, window=2)[0, 0]
+    # slot k of the block at position 4 + k sees positions 4 + k - 1 and 4 + k, so slot 0 sees context 3 only
+    assert allowed[0].tolist() == [False, False, False, True, False, False, True, False, False]
+    assert allowed[1].tolist() == [False] * 6 + [True, True, False]
+    assert allowed[2].tolist() == [False] * 6 + [False, True, True]
 
 
 def test_block_visibility_hides_later_context_and_other_blocks():

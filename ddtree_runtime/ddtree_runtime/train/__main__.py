@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     pair.add_argument("--new-tokens", type=int, default=256)
     pair.add_argument("--anchors", type=int, default=32)
     pair.add_argument("--log-every", type=int, default=50)
+    pair.add_argument("--target-from", type=Path,
+                      help="a target `train pair` wrote before: use it as it is and train only the drafter")
     rand = sub.add_parser("random-drafter", help="a random-weight drafter with another drafter's config")
     rand.add_argument("--like", type=Path, required=True)
     rand.add_argument("--out", type=Path, required=True)
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "pair":
         if args.threads:
             torch.set_num_threads(args.threads)
-        make_pair(recipe_from(args), args.out, args.device, args.stdlib)
+        make_pair(recipe_from(args), args.out, args.device, args.stdlib, target_from=args.target_from)
     elif args.command == "random-drafter":
         write_random_drafter(args.like, args.out, args.seed)
     elif args.command == "tokenizer-files":

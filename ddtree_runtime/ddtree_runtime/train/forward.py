@@ -221,14 +221,27 @@ def greedy_continue(
     return torch.cat(pieces, dim=1)
 
 
-def block_visibility(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
-    """Bool ``[B, 1, A * S, T + A * S]``: block j sees context positions ``< anchors[j]`` and its own S slots."""
+def block_visibility(anchors: torch.Tensor, context_length: int, block_size: int, *, causal: bool = False,
+                     window: int | None = None) -> torch.Tensor:
+    """Bool ``[B, 1, A * S, T + A * S]``: block j sees context positions ``< anchors[j]`` and its own S slots.
+
+    ``causal`` and ``window`` are one drafter layer's rules (``DFlashAttention.visibility`` at inference, where a
+    key's index is its position): a causal layer's slot sees only its block's earlier slots, and a windowed one only
+    keys less than ``window`` positions away."""
     batch, count = anchors.shape
     device = anchors.device
-    block_of_query = torch.arange(count * block_size, device=device) // block_size
+    query = torch.arange(count * block_size, device=device)
+    block_of_query, slot = query // block_size, query % block_size
     context = torch.arange(context_length, device=device)
+    query_position = anchors[:, block_of_query] + slot  # [B, A * S]
     sees_context = context[None, None, :] < anchors[:, block_of_query, None]
     sees_block = block_of_query[:, None] == block_of_query[None, :]
+    if causal:
+        sees_block &= slot[None, :] <= slot[:, None]
+    if window is not None:
+        sees_context &= query_position[:, :, None] - context[None, None, :] < window
+        distance = slot[:, None] - slot[None, :]
+        sees_block &= (distance < window) & (causal | (-distance < window))
     sees_block = sees_block[None].expand(batch, -1, -1)
     return torch.cat([sees_context, sees_block], dim=-1)[:, None]
 
@@ -265,9 +278,11 @@ def drafter_block_logits(
     c_cos, c_sin = rope.rows(context_positions, block.dtype)
     k_cos = torch.cat([c_cos.expand(batch, -1, -1), q_cos], dim=1)[:, None]
     k_sin = torch.cat([c_sin.expand(batch, -1, -1), q_sin], dim=1)[:, None]
-    allowed = block_visibility(anchors, features.shape[1], size)
     for layer in drafter.layers:
         attn = layer.self_attn
+        # each layer's own rules: a sliding-window layer is causal and windowed (trained as full attention, the
+        # first sliding drafter accepted far less when decoding than its teacher-forced figure said)
+        allowed = block_visibility(anchors, features.shape[1], size, causal=attn.is_causal, window=attn.window)
         normed = layer.input_layernorm(block)
         q = apply_rope(attn.q_norm(_split_heads(attn.q_proj(normed), attn.num_heads, attn.head_dim)), *q_rope)
         both = torch.cat([context, normed], dim=1)

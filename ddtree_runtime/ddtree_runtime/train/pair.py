@@ -18,7 +18,7 @@ from ddtree_runtime.acceptance.hybrid import (
     HYBRID_VISION_TOKENS,
     write_hybrid_processor,
 )
-from ddtree_runtime.model_layout import hybrid_layer_types
+from ddtree_runtime.model_layout import FULL_ATTENTION, SLIDING_ATTENTION, hybrid_layer_types
 from ddtree_runtime.reference import (
     DFlashConfig,
     DFlashDraftModel,
@@ -67,6 +67,9 @@ class PairShape:
     kv_heads: int
     head_dim: int
     target_layer_ids: tuple[int, ...]
+    drafter_layer_types: tuple[str, ...] = ()
+    """The drafter's ``layer_types`` (empty: every layer ``full_attention``)."""
+    drafter_sliding_window: int | None = None
     pair_name: str = PAIR_NAME
 
 
@@ -88,7 +91,11 @@ SHAPES = {
     # One group of Qwen3.6's pattern (three DeltaNet layers, then gated attention) at half the width of the lab's
     # random hybrid case (acceptance/hybrid.py), small enough to train on a CPU; the drafter reads DeltaNet layers
     # 1 and 2 (not the last layer, which SGLang cannot capture).
-    "tiny-hybrid": HybridShape(128, 384, 4, 2, 4, 2, 64, (1, 2)),
+    # Its drafter has z-lab's Qwen3.6 drafter layout scaled down: sliding-window layers, then one full-attention
+    # layer ([S, S, S, S, F] with a 2048 window there; [S, F] with a 128 window here, so the window binds on the
+    # 384-token training sequences and the lab's prompts).
+    "tiny-hybrid": HybridShape(128, 384, 4, 2, 4, 2, 64, (1, 2),
+                               drafter_layer_types=(SLIDING_ATTENTION, FULL_ATTENTION), drafter_sliding_window=128),
     # CPU smoke runs and tests.
     "smoke": PairShape(32, 64, 3, 1, 2, 1, 16, (0, 1)),
     "smoke-hybrid": HybridShape(32, 64, 4, 1, 2, 1, 16, (0, 1), linear_key_heads=1, linear_value_heads=2,
@@ -171,6 +178,8 @@ def drafter_config(shape: PairShape) -> DFlashConfig:
         rope_theta=10000.0,
         max_position_embeddings=4096,
         num_target_layers=shape.target_layers,
+        layer_types=list(shape.drafter_layer_types),
+        sliding_window=shape.drafter_sliding_window,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ddtree_runtime.reference import random_dflash, random_target
+from ddtree_runtime.reference import TargetModel, load_target, random_dflash, random_target
 from ddtree_runtime.train.corpus import build_stream, list_sources, split_sources, spread_sample, stdlib_root
 from ddtree_runtime.train.loop import (
     DraftSettings,
@@ -24,6 +24,7 @@ from ddtree_runtime.train.loop import (
     train_target,
 )
 from ddtree_runtime.train.pair import (
+    PROVENANCE_FILE,
     SHAPES,
     drafter_config,
     multimodal_wrapper,
@@ -49,8 +50,11 @@ def _log(message: str) -> None:
     print(f"[train {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None = None) -> dict[str, Any]:
-    """Train both models and write them under ``output``; returns the provenance record (also saved)."""
+def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None = None,
+              target_from: Path | None = None) -> dict[str, Any]:
+    """Train both models and write them under ``output``; returns the provenance record (also saved).
+    ``target_from``: a target this recipe trained before (its directory), used as it is, so only the drafter is
+    trained (a drafter layout change does not retrain the target)."""
     begin = time.monotonic()
     torch.manual_seed(recipe.seed)
     generator = torch.Generator().manual_seed(recipe.seed)
@@ -63,10 +67,15 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
     shape = SHAPES[recipe.shape]
     log: list[dict[str, Any]] = []
     wrapper = multimodal_wrapper(shape)
-    target = random_target(target_config(shape), recipe.seed, std=0.02, wrapper=wrapper).to(device)
-    target_steps = train_target(
-        target, train_stream, recipe.target, seq_len=recipe.seq_len, generator=generator, log=log
-    )
+    reused: dict[str, Any] = {}
+    if target_from is None:
+        target = random_target(target_config(shape), recipe.seed, std=0.02, wrapper=wrapper).to(device)
+        target_steps = train_target(
+            target, train_stream, recipe.target, seq_len=recipe.seq_len, generator=generator, log=log
+        )
+    else:
+        target, target_steps, reused = reuse_target(target_from, device)
+        _log(f"target: {target_from} as it is ({target_steps} steps when it was trained)")
     held_out_loss = mean_loss(target, held_out_stream, recipe.seq_len, batches=8, batch=32)
     _log(f"target: {target_steps} steps, held-out loss {held_out_loss:.3f} nats/byte")
 
@@ -102,6 +111,7 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
         "torch": torch.__version__,
         "device": _device_name(device),
         "target_steps": target_steps,
+        **({"target_reused_from": reused} if reused else {}),
         "target_held_out_loss_nats_per_byte": held_out_loss,
         "distilled_sequences": int(sequences.shape[0]),
         "drafter_steps": drafter_steps,
@@ -116,6 +126,17 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
     (output / "train_log.json").write_text(json.dumps({"provenance": provenance, "log": log}, indent=2) + "\n")
     _log(f"wrote {output / shape.pair_name} and {output / (shape.pair_name + '-dflash')}")
     return provenance
+
+
+def reuse_target(directory: Path, device: str) -> tuple[TargetModel, int, dict[str, Any]]:
+    """A target saved by :func:`make_pair`, its training steps and what its provenance says of it (bf16 weights
+    read back exactly into float32, so saving it again writes the same bytes)."""
+    record = json.loads((directory / PROVENANCE_FILE).read_text())
+    if record.get("kind") != "target" or record.get("random_weights", True):
+        raise ValueError(f"{directory} is not a trained target written by `train pair` ({PROVENANCE_FILE})")
+    kept = {key: record[key] for key in ("target_steps", "target_held_out_loss_nats_per_byte", "recipe", "torch",
+                                         "device") if key in record}
+    return load_target(directory).to(device), int(record["target_steps"]), {"path": directory.name, **kept}
 
 
 def _device_name(device: str) -> str:
