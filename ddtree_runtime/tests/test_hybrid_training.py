@@ -96,18 +96,25 @@ def test_hybrid_shapes_follow_qwen36s_pattern_and_sglangs_capture_rule():
         assert shape.head_dim == 64 or name.startswith("smoke")
 
 
-@pytest.fixture(scope="module")
-def smoke_hybrid_pair(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
+def smoke_corpus(root: Path) -> Path:
+    """Six small source files under ``root``: enough for a two-step smoke training run."""
     for index in range(6):
         (root / f"mod{index}.py").write_text(SOURCE * 3)
+    return root
+
+
+def smoke_hybrid_recipe() -> PairRecipe:
     quick = Schedule(seconds=60, max_steps=2, batch=2, lr=1e-3, warmup_steps=1, log_every=1)
     draft = DraftSettings(prompt_tokens=16, new_tokens=16, distill_batch=4, distill_seconds=60, distill_max_batches=1,
                           anchors_per_sequence=2)
-    recipe = PairRecipe(shape="smoke-hybrid", seq_len=32, target=quick, drafter=quick, draft=draft,
-                        held_out_per_mille=500)
+    return PairRecipe(shape="smoke-hybrid", seq_len=32, target=quick, drafter=quick, draft=draft,
+                      held_out_per_mille=500)
+
+
+@pytest.fixture(scope="module")
+def smoke_hybrid_pair(tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("pair")
-    make_pair(recipe, output, "cpu", root)
+    make_pair(smoke_hybrid_recipe(), output, "cpu", smoke_corpus(tmp_path_factory.mktemp("corpus")))
     return output
 
 
@@ -147,17 +154,10 @@ def test_a_drafter_retrained_on_a_kept_target_leaves_the_target_bytes_as_they_we
     """``train pair --target-from``: a drafter layout change (the shipped pair's sliding-window layers) retrains only
     the drafter; the target is read back and written again byte for byte, and both records say where it came from."""
     target_dir = smoke_hybrid_pair / HYBRID_PAIR_NAME
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for index in range(6):
-        (root / f"mod{index}.py").write_text(SOURCE * 3)
-    quick = Schedule(seconds=60, max_steps=2, batch=2, lr=1e-3, warmup_steps=1, log_every=1)
-    draft = DraftSettings(prompt_tokens=16, new_tokens=16, distill_batch=4, distill_seconds=60, distill_max_batches=1,
-                          anchors_per_sequence=2)
-    recipe = PairRecipe(shape="smoke-hybrid", seq_len=32, target=quick, drafter=quick, draft=draft,
-                        held_out_per_mille=500)
+    (tmp_path / "corpus").mkdir()
     output = tmp_path / "again"
-    provenance = make_pair(recipe, output, "cpu", root, target_from=target_dir)
+    provenance = make_pair(smoke_hybrid_recipe(), output, "cpu", smoke_corpus(tmp_path / "corpus"),
+                           target_from=target_dir)
     assert provenance["target_reused_from"]["path"] == HYBRID_PAIR_NAME
     assert provenance["target_steps"] == 2
     written = (output / HYBRID_PAIR_NAME / "model.safetensors").read_bytes()
