@@ -170,4 +170,9 @@ def test_a_drafter_retrained_on_a_kept_target_leaves_the_target_bytes_as_they_we
 def test_only_a_trained_target_is_kept(smoke_hybrid_pair, tmp_path):
     drafter_dir = smoke_hybrid_pair / f"{HYBRID_PAIR_NAME}-dflash"
     with pytest.raises(ValueError, match="is not a trained target written by `train pair`"):
-        reuse_target(drafter_dir, "cpu")
+        reuse_target(drafter_dir, "cpu", "smoke-hybrid")
+
+
+def test_a_target_of_another_shape_is_refused_by_name(smoke_hybrid_pair):
+    with pytest.raises(ValueError, match="trained for --shape smoke-hybrid, not tiny-hybrid"):
+        reuse_target(smoke_hybrid_pair / HYBRID_PAIR_NAME, "cpu", "tiny-hybrid")

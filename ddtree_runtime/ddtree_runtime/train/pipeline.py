@@ -74,7 +74,7 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
             target, train_stream, recipe.target, seq_len=recipe.seq_len, generator=generator, log=log
         )
     else:
-        target, target_steps, reused = reuse_target(target_from, device)
+        target, target_steps, reused = reuse_target(target_from, device, recipe.shape)
         _log(f"target: {target_from} as it is ({target_steps} steps when it was trained)")
     held_out_loss = mean_loss(target, held_out_stream, recipe.seq_len, batches=8, batch=32)
     _log(f"target: {target_steps} steps, held-out loss {held_out_loss:.3f} nats/byte")
@@ -128,12 +128,16 @@ def make_pair(recipe: PairRecipe, output: Path, device: str, root: Path | None =
     return provenance
 
 
-def reuse_target(directory: Path, device: str) -> tuple[TargetModel, int, dict[str, Any]]:
-    """A target saved by :func:`make_pair`, its training steps and what its provenance says of it (bf16 weights
-    read back exactly into float32, so saving it again writes the same bytes)."""
+def reuse_target(directory: Path, device: str, shape: str) -> tuple[TargetModel, int, dict[str, Any]]:
+    """A target saved by :func:`make_pair` for ``shape``, its training steps and what its provenance says of it (bf16
+    weights read back exactly into float32, so saving it again writes the same bytes)."""
     record = json.loads((directory / PROVENANCE_FILE).read_text())
     if record.get("kind") != "target" or record.get("random_weights", True):
         raise ValueError(f"{directory} is not a trained target written by `train pair` ({PROVENANCE_FILE})")
+    trained_for = record.get("recipe", {}).get("shape")
+    if trained_for != shape:
+        raise ValueError(f"{directory} was trained for --shape {trained_for}, not {shape}: the drafter of one shape "
+                         f"does not fit the target of another; pass --shape {trained_for} or train the target too")
     kept = {key: record[key] for key in ("target_steps", "target_held_out_loss_nats_per_byte", "recipe", "torch",
                                          "device") if key in record}
     return load_target(directory).to(device), int(record["target_steps"]), {"path": directory.name, **kept}
