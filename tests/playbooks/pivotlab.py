@@ -95,12 +95,15 @@ def kill_training(state: Training) -> None:
         assert result.rc == 0, result.stderr
 
 
-def start_training(*flags: str) -> Training:
+def start_training(*flags: str, torchrun_shutdown_timeout: float | None = None) -> Training:
     """Replaces whatever job runs on ct200 by a fresh `lab/lab train` with these trainer flags; returns once it
-    trains (a step logged after the start)."""
+    trains (a step logged after the start). torchrun_shutdown_timeout: how long its torchrun agent waits after passing
+    on SIGTERM before it SIGKILLs the workers (torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT; 30 s when None)."""
     before = training_state()
     kill_training(before)
-    labctl.lab("train", *TRAINER_BASE_FLAGS, *flags)
+    env = ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(torchrun_shutdown_timeout)}
+           if torchrun_shutdown_timeout is not None else None)
+    labctl.lab("train", *TRAINER_BASE_FLAGS, *flags, env=env)
     waited = _probe_training("wait-step", str(before.log_size), "30", timeout=60)
     assert waited.rc == 0, waited.stderr
     state = training_state()

@@ -115,8 +115,17 @@ def test_rerun_after_the_kill_converges(interruption: Interruption) -> None:
 
 # --- Ctrl-C during the training stop -----------------------------------------------------------------------------
 
-HEARTBEAT_TIMEOUT_S = 20
+# The stop's watch polls (and refreshes the heartbeat) every POLL_DELAY_S, so a heartbeat of several polls goes
+# stale only once the controller is gone; both shorter than the roles' defaults (5 s, 60 s), so that the stop notices
+# a Ctrl-C sooner.
+POLL_DELAY_S = 2
+HEARTBEAT_TIMEOUT_S = 10
 GRACE_PERIOD_S = 45
+# The job's torchrun agent SIGKILLs the workers that ignore SIGTERM this long after the stop's SIGTERM (torchrun's
+# default is 30 s): longer than the heartbeat takes to go stale after the Ctrl-C, so the stop ends unattended, and
+# shorter than the grace period, so the stop never needs SIGKILL itself.
+TORCHRUN_SHUTDOWN_TIMEOUT_S = 20
+WATCH_VARS = (f"stop_training_poll_delay={POLL_DELAY_S}", f"stop_training_heartbeat_timeout={HEARTBEAT_TIMEOUT_S}")
 CHECKPOINT_WAIT = r"^ct200: waiting for a complete checkpoint newer than the request: "
 SIGTERM_WAIT = r"^ct200: SIGTERM sent: waiting for the job to exit"
 
@@ -125,7 +134,7 @@ def test_ctrl_c_while_the_stop_waits_for_its_checkpoint_cancels_it_and_the_job_r
     training: Callable[..., pivotlab.Training]
 ) -> None:
     job = training("--checkpoint-on", "never")
-    run = stopwatch.TerminalRun.start("pivot.yml", f"stop_training_heartbeat_timeout={HEARTBEAT_TIMEOUT_S}")
+    run = stopwatch.TerminalRun.start("pivot.yml", *WATCH_VARS)
     try:
         run.wait_for_line(CHECKPOINT_WAIT, timeout=400)
     except AssertionError:
@@ -151,12 +160,9 @@ def test_ctrl_c_while_the_stop_waits_for_its_checkpoint_cancels_it_and_the_job_r
     assert new_lines and all("Checkpoint requested (SIGUSR1)" in line for line in new_lines), new_lines
 
 
-def test_ctrl_c_after_sigterm_lets_the_stop_finish_and_the_next_run_records_it(
-    training: Callable[..., pivotlab.Training]
-) -> None:
-    job = training("--on-sigterm", "ignore")
-    run = stopwatch.TerminalRun.start("pivot.yml", f"stop_training_heartbeat_timeout={HEARTBEAT_TIMEOUT_S}",
-                                      f"pivot_training_grace_period={GRACE_PERIOD_S}")
+def test_ctrl_c_after_sigterm_lets_the_stop_finish_and_the_next_run_records_it() -> None:
+    job = pivotlab.start_training("--on-sigterm", "ignore", torchrun_shutdown_timeout=TORCHRUN_SHUTDOWN_TIMEOUT_S)
+    run = stopwatch.TerminalRun.start("pivot.yml", *WATCH_VARS, f"pivot_training_grace_period={GRACE_PERIOD_S}")
     try:
         run.wait_for_line(SIGTERM_WAIT, timeout=400)
     except AssertionError:
@@ -172,7 +178,8 @@ def test_ctrl_c_after_sigterm_lets_the_stop_finish_and_the_next_run_records_it(
 
     [record] = stopwatch.wait_until(stopped, GRACE_PERIOD_S + 60, "finished stop on ct200")
     stopwatch.wait_until(lambda: not stopwatch.stop_processes(), 20, "end of the stop's processes")
-    # (the torchrun agent SIGKILLs the workers that ignore SIGTERM after its own 30 s, within the grace period)
+    # (the torchrun agent SIGKILLs the workers that ignore SIGTERM after its own TORCHRUN_SHUTDOWN_TIMEOUT_S, within
+    # the grace period)
     assert record["finished_unattended"] is True and record["committed_at"] is not None
     assert sorted(p["pid"] for p in record["job"]["processes"]) == sorted(job.pids - {_run_sh(job)})
     training_after = pivotlab.training_state()
@@ -180,7 +187,7 @@ def test_ctrl_c_after_sigterm_lets_the_stop_finish_and_the_next_run_records_it(
     checkpoint = record["checkpoint"]["path"].rsplit("/", 1)[-1]
     assert training_after.checkpoints.get(checkpoint) is True, "the checkpoint it confirmed is complete on disk"
 
-    rerun = pivotlab.run_playbook("pivot.yml")
+    rerun = pivotlab.run_playbook("pivot.yml", f"stop_training_poll_delay={POLL_DELAY_S}")
 
     stop = rerun.phase("stop_training")
     assert stop["status"] == "ok", rerun.summary()

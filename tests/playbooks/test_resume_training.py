@@ -17,6 +17,10 @@ import pytest
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
 
 HOLDER_PLAYBOOK = Path(__file__).resolve().parent / "files" / "hold.yml"
+# The stop's and the resume's watches poll every second instead of the roles' 5 s, so that each run goes on as soon as
+# its stop or resume on ct200 has ended (what they do and report is the same).
+STOP_POLL = "stop_training_poll_delay=1"
+RESUME_POLL = "resume_training_poll_delay=1"
 
 
 def log_since(offset: int) -> str:
@@ -29,7 +33,7 @@ def test_pivot_then_rollback_resumes_training_from_the_pivots_checkpoint(
     training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
 ) -> None:
     training()
-    pivot = pivotlab.run_playbook("pivot.yml")
+    pivot = pivotlab.run_playbook("pivot.yml", STOP_POLL)
     assert pivot.rc == 0, pivot.summary()
     stop = pivot.phase("stop_training", "ct200")["findings"]
     checkpoint, step = stop["checkpoint_path"], int(stop["checkpoint_step"])
@@ -42,7 +46,7 @@ def test_pivot_then_rollback_resumes_training_from_the_pivots_checkpoint(
     assert checked["status"] == "checked" and checked["findings"]["checkpoint"] == checkpoint, checked
     assert not pivotlab.training_state().pids, "the preview started the job"
 
-    rollback = pivotlab.run_playbook("rollback_nextn.yml", "resume_training_after_rollback=true")
+    rollback = pivotlab.run_playbook("rollback_nextn.yml", "resume_training_after_rollback=true", RESUME_POLL)
     assert rollback.rc == 0, rollback.summary()
     assert rollback.phase_names()[-2:] == ["sglang_release_rollback", "resume_training"], rollback.phase_names()
     resumed = rollback.phase("resume_training", "ct200")["findings"]
@@ -55,7 +59,7 @@ def test_pivot_then_rollback_resumes_training_from_the_pivots_checkpoint(
     assert f"Resuming from checkpoint {checkpoint} (global step {step})" in log, log[-2000:]
     assert f" step={step + 1} " in log
 
-    again = pivotlab.run_playbook("resume_training.yml")
+    again = pivotlab.run_playbook("resume_training.yml", RESUME_POLL)
     assert again.rc == 0, again.summary()
     assert again.changed("ct200") == 0, again.changed_results("ct200")
     assert pivotlab.training_state().pids == running.pids

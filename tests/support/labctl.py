@@ -29,16 +29,19 @@ class Result:
     stderr: str
 
 
-def run(cmd: list[str], *, stdin: str | None = None, timeout: float = 120, check: bool = False) -> Result:
-    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+def run(cmd: list[str], *, stdin: str | None = None, timeout: float = 120, check: bool = False,
+        env: dict[str, str] | None = None) -> Result:
+    """env: variables added to this process's environment for the command."""
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **env} if env else None)
     result = Result(proc.returncode, proc.stdout, proc.stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return result
 
 
-def lab(*args: str, timeout: float = 300) -> Result:
-    return run([str(LAB), *args], timeout=timeout, check=True)
+def lab(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Result:
+    return run([str(LAB), *args], timeout=timeout, check=True, env=env)
 
 
 def ssh(host: str, command: str, *, stdin: str | None = None, timeout: float = 60) -> Result:
