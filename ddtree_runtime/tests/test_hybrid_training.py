@@ -97,7 +97,8 @@ def test_hybrid_shapes_follow_qwen36s_pattern_and_sglangs_capture_rule():
 
 
 def smoke_corpus(root: Path) -> Path:
-    """Six small source files under ``root``: enough for a two-step smoke training run."""
+    """Six small source files under ``root`` (made if missing): enough for a two-step smoke training run."""
+    root.mkdir(parents=True, exist_ok=True)
     for index in range(6):
         (root / f"mod{index}.py").write_text(SOURCE * 3)
     return root
@@ -154,7 +155,6 @@ def test_a_drafter_retrained_on_a_kept_target_leaves_the_target_bytes_as_they_we
     """``train pair --target-from``: a drafter layout change (the shipped pair's sliding-window layers) retrains only
     the drafter; the target is read back and written again byte for byte, and both records say where it came from."""
     target_dir = smoke_hybrid_pair / HYBRID_PAIR_NAME
-    (tmp_path / "corpus").mkdir()
     output = tmp_path / "again"
     provenance = make_pair(smoke_hybrid_recipe(), output, "cpu", smoke_corpus(tmp_path / "corpus"),
                            target_from=target_dir)
