@@ -190,7 +190,8 @@ __global__ void __launch_bounds__(1024, 1) topk_log_probs_kernel(const scalar_t*
                                                               float* __restrict__ partials,
                                                               float* __restrict__ out_log_probs,
                                                               int64_t* __restrict__ out_ids,
-                                                              bool* __restrict__ out_invalid) {
+                                                              bool* __restrict__ out_invalid,
+                                                              const int* __restrict__ only_rows) {
   constexpr int kLowestBit = 32 - KeyBits<scalar_t>::value;
   // Per-lane histograms while radix selecting; afterwards the same memory holds the selected keys and ties.
   __shared__ uint64_t arena[kBins * kLanes / 2];
@@ -208,6 +209,7 @@ __global__ void __launch_bounds__(1024, 1) topk_log_probs_kernel(const scalar_t*
   const int lane_id = threadIdx.x & (kLanes - 1);
   const int64_t row_index = blockIdx.x / splits;
   const int split = blockIdx.x % splits;
+  if (only_rows != nullptr && only_rows[row_index] == 0) return;  // the filter path finished this row
   const scalar_t* row = logits + row_index * vocab;
   zero_words(hist, kBins * kLanes);
   if (threadIdx.x == 0) {
@@ -600,6 +602,231 @@ __global__ void __launch_bounds__(kMergeThreads) merge_candidates_kernel(
   }
 }
 
+// --- Filter path: one streaming read, a threshold from group maxima, a small exact selection ------------------
+//
+// The row is cut into groups of 8 consecutive 16-byte vectors (64 bf16 / fp16 or 32 fp32 logits). Blocks stream a
+// row's groups once, keeping the logsumexp partial, the bad-value flag and each group's largest key (global memory).
+// The last block of a row to finish then takes T = the K-th largest group key, truncated to its top 16 bits. K
+// groups hold an element >= T, so at least K elements are >= T and T is at most the row's K-th largest key: every
+// element of the row's top K, ties at the K-th value included, is >= T. Only the groups whose largest key is >= T are
+// read again (about K of a row's thousands of groups), their elements >= T gathered as composite keys (value, lower
+// token id first) and sorted. Rows whose candidates overflow the block's buffer (mass ties, a mostly -inf row) are
+// left to the whole-row kernel, which a second launch runs for those rows only.
+
+constexpr int kFilterThreads = 512;
+constexpr int kGroupVectors = 8;              // 16-byte vectors per group: 8 lanes of one warp load one group
+constexpr int kFilterCapacity = 4096;         // candidate keys the last block can hold and sort
+constexpr int kFilterGroupCapacity = 2048;    // groups with a key >= T the last block can list
+constexpr int kFilterMaxSplits = 64;
+constexpr int kFilterUnroll = 4;              // vectors each thread has in flight while streaming
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// absorb() with the hardware exp2 (relative error ~2^-22 per term, far inside the 1e-5 the log-normaliser keeps).
+template <int count>
+__device__ __forceinline__ void absorb_fast(LogSumExp& lse, const float (&x)[count]) {
+  float top = x[0];
+#pragma unroll
+  for (int j = 1; j < count; ++j) top = fmaxf(top, x[j]);
+  const float new_max = fmaxf(lse.max, top);
+  if (new_max == -INFINITY) return;
+  if (new_max > lse.max) lse.sum *= fast_exp2((lse.max - new_max) * kLog2e);
+  lse.max = new_max;
+#pragma unroll
+  for (int j = 0; j < count; ++j) lse.sum += fast_exp2((x[j] - new_max) * kLog2e);
+}
+
+// Streams groups [first_group, last_group) of one row: the logsumexp partial, the bad flag, and each group's largest
+// key written to group_keys. Every thread runs the same number of iterations so that the 8 lanes of a group can
+// combine their maxima with shuffles; a lane past the row contributes key 0 (below every real key).
+template <typename scalar_t>
+__device__ __forceinline__ void stream_groups(const scalar_t* __restrict__ row, int64_t row_vectors, int first_group,
+                                              int last_group, uint32_t* __restrict__ group_keys, LogSumExp& lse,
+                                              bool& bad) {
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  const uint4* vrow = reinterpret_cast<const uint4*>(row);
+  const int64_t first = static_cast<int64_t>(first_group) * kGroupVectors;
+  const int64_t end = min(static_cast<int64_t>(last_group) * kGroupVectors, row_vectors);
+  const int64_t span = static_cast<int64_t>(last_group - first_group) * kGroupVectors;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * kFilterUnroll;
+  for (int64_t base = 0; base < span; base += step) {
+    uint4 raw[kFilterUnroll];
+#pragma unroll
+    for (int u = 0; u < kFilterUnroll; ++u) {
+      const int64_t v = first + base + u * blockDim.x + threadIdx.x;
+      raw[u] = v < end ? __ldg(vrow + v) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kFilterUnroll; ++u) {
+      const int64_t v = first + base + u * blockDim.x + threadIdx.x;
+      const bool present = v < end;
+      uint32_t top_key = 0;
+      if (present) {
+        const scalar_t* values = reinterpret_cast<const scalar_t*>(&raw[u]);
+        float x[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          x[j] = static_cast<float>(values[j]);
+          bad |= isnan(x[j]) || x[j] == INFINITY;
+          top_key = max(top_key, float_to_key(x[j]));
+        }
+        absorb_fast(lse, x);
+      }
+      top_key = max(top_key, __shfl_xor_sync(0xffffffffu, top_key, 1));
+      top_key = max(top_key, __shfl_xor_sync(0xffffffffu, top_key, 2));
+      top_key = max(top_key, __shfl_xor_sync(0xffffffffu, top_key, 4));
+      const int64_t local = base + u * blockDim.x + threadIdx.x;  // vector index within this block's groups
+      if ((threadIdx.x & (kGroupVectors - 1)) == 0 && local < span) {
+        group_keys[first_group + local / kGroupVectors] = top_key;
+      }
+    }
+  }
+}
+
+// The lower bound T described above: the K-th largest of the row's group keys, with its low 16 bits cleared (two
+// 8-bit radix passes over the group keys).
+__device__ uint32_t group_threshold(const uint32_t* __restrict__ group_keys, int groups, int k, uint32_t* hist,
+                                    BinChoice* choice) {
+  uint32_t prefix = 0;
+  int needed = k;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+      const uint32_t key = __ldcg(group_keys + g);
+      if (pass == 0 || (key >> 24) == (prefix >> 24)) atomicAdd(&hist[(key >> shift) & (kBins - 1)], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) choose_bin(hist, kBins, needed, choice);
+    __syncthreads();
+    const BinChoice c = *choice;
+    needed -= c.above;
+    prefix |= static_cast<uint32_t>(c.bin) << shift;
+  }
+  __syncthreads();
+  return prefix;
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
+    const scalar_t* __restrict__ logits, int64_t vocab, int k, int splits, int groups, int groups_per_split,
+    uint32_t* __restrict__ group_keys, float2* __restrict__ partials, int* __restrict__ bad_flags,
+    unsigned* __restrict__ arrivals, int* __restrict__ fallback_rows, float* __restrict__ out_log_probs,
+    int64_t* __restrict__ out_ids, bool* __restrict__ out_invalid) {
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  __shared__ uint64_t candidates[kFilterCapacity];
+  __shared__ int group_list[kFilterGroupCapacity];
+  __shared__ uint32_t hist[kBins];
+  __shared__ LogSumExp lse_scratch[kMaxWarps];
+  __shared__ BinChoice choice;
+  __shared__ int listed, taken;
+  __shared__ bool last_block;
+
+  const int64_t row_index = blockIdx.x / splits;
+  const int split = blockIdx.x % splits;
+  const scalar_t* row = logits + row_index * vocab;
+  const int64_t row_vectors = vocab / kVec;
+  uint32_t* const row_group_keys = group_keys + row_index * groups;
+
+  const int first_group = min(groups, split * groups_per_split);
+  const int last_group = min(groups, first_group + groups_per_split);
+  LogSumExp mine{-INFINITY, 0.f};
+  bool bad = false;
+  stream_groups(row, row_vectors, first_group, last_group, row_group_keys, mine, bad);
+  __threadfence();  // this block's group keys are visible to the row's last block before it arrives
+  bad = __syncthreads_or(bad);
+  const LogSumExp total = block_logsumexp(mine, lse_scratch);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = make_float2(total.max, total.sum);
+    bad_flags[blockIdx.x] = bad ? 1 : 0;
+    __threadfence();
+    last_block = atomicAdd(&arrivals[row_index], 1u) == static_cast<unsigned>(splits - 1);
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+
+  // The row's last block: the log-normaliser and the bad flag of the whole row.
+  if (threadIdx.x == 0) {
+    LogSumExp all{-INFINITY, 0.f};
+    int any_bad = 0;
+    for (int s = 0; s < splits; ++s) {
+      const float2 part = __ldcg(&partials[row_index * splits + s]);
+      all = combine(all, LogSumExp{part.x, part.y});
+      any_bad |= __ldcg(&bad_flags[row_index * splits + s]);
+    }
+    lse_scratch[0] = all;
+    out_invalid[row_index] = any_bad != 0;
+    listed = 0;
+    taken = 0;
+  }
+  const uint32_t threshold = group_threshold(row_group_keys, groups, k, hist, &choice);
+  const float log_z = log_normaliser(lse_scratch[0]);
+
+  // List the groups that can hold a top-K element (warp-aggregated appends).
+  const int lane = threadIdx.x & (kLanes - 1);
+  for (int base = 0; base < groups; base += blockDim.x) {
+    const int g = base + threadIdx.x;
+    const bool hit = g < groups && __ldcg(row_group_keys + g) >= threshold;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, hit);
+    int first_slot = 0;
+    if (lane == 0 && ballot != 0) first_slot = atomicAdd(&listed, __popc(ballot));
+    first_slot = __shfl_sync(0xffffffffu, first_slot, 0);
+    const int slot = first_slot + __popc(ballot & ((1u << lane) - 1u));
+    if (hit && slot < kFilterGroupCapacity) group_list[slot] = g;
+  }
+  __syncthreads();
+  const int group_count = listed;
+  if (group_count <= kFilterGroupCapacity) {
+    // Gather: each thread reads whole listed groups (8 independent 16-byte loads in flight).
+    const uint4* vrow = reinterpret_cast<const uint4*>(row);
+    for (int i = threadIdx.x; i < group_count; i += blockDim.x) {
+      const int g = group_list[i];
+      uint4 raw[kGroupVectors];
+#pragma unroll
+      for (int u = 0; u < kGroupVectors; ++u) {
+        const int64_t v = static_cast<int64_t>(g) * kGroupVectors + u;
+        raw[u] = v < row_vectors ? __ldg(vrow + v) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kGroupVectors; ++u) {
+        const int64_t v = static_cast<int64_t>(g) * kGroupVectors + u;
+        if (v >= row_vectors) break;
+        const scalar_t* values = reinterpret_cast<const scalar_t*>(&raw[u]);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const uint32_t key = float_to_key(static_cast<float>(values[j]));
+          if (key >= threshold) {
+            const int slot = atomicAdd(&taken, 1);
+            if (slot < kFilterCapacity) candidates[slot] = composite_key(key, static_cast<uint32_t>(v * kVec + j));
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const int count = taken;
+  if (group_count > kFilterGroupCapacity || count > kFilterCapacity) {
+    if (threadIdx.x == 0) fallback_rows[row_index] = 1;  // too many candidates: the whole-row kernel takes the row
+    return;
+  }
+  // count >= k: the k groups with a key >= T each hold an element >= T.
+  const int padded = next_pow2(count);
+  for (int i = count + threadIdx.x; i < padded; i += blockDim.x) candidates[i] = 0;
+  bitonic_sort(candidates, padded, /*descending=*/true);
+  for (int r = threadIdx.x; r < k; r += blockDim.x) {
+    const uint64_t entry = candidates[r];
+    const float top = key_to_float(static_cast<uint32_t>(entry >> 32));
+    out_log_probs[row_index * k + r] = top == -INFINITY ? -INFINITY : top - log_z;
+    out_ids[row_index * k + r] = static_cast<int64_t>(~static_cast<uint32_t>(entry));
+  }
+}
+
 // Dynamic shared memory each main-path kernel may use on a device: what its largest launch needs, or less where the
 // device allows less (an H200 fits both; an RTX PRO 6000 Blackwell fits neither, so plan_chunks keeps its launches
 // within these limits or leaves the row to the whole-row kernel). Set once per device, on the first call.
@@ -683,10 +910,12 @@ void launch_chunked(const at::Tensor& logits, int64_t rows, int64_t vocab, int k
 
 template <typename scalar_t>
 void launch_whole_rows(const at::Tensor& logits, int64_t rows, int64_t vocab, int k, int sms, at::Tensor& log_probs,
-                       at::Tensor& ids, at::Tensor& invalid_rows, cudaStream_t stream) {
+                       at::Tensor& ids, at::Tensor& invalid_rows, cudaStream_t stream,
+                       const int* only_rows = nullptr) {
   const int threads = rows >= sms ? 512 : 1024;
-  // Fewer rows than SMs: split each row's first pass so that about one block per SM works.
-  const int64_t by_sms = rows >= sms ? 1 : sms / rows;
+  // Fewer rows than SMs: split each row's first pass so that about one block per SM works (not for the filter path's
+  // rare leftovers, where the split's scratch would cost every call).
+  const int64_t by_sms = rows >= sms || only_rows != nullptr ? 1 : sms / rows;
   const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({by_sms, kMaxSplits, vocab / kMinSplitLength})));
   at::Tensor scratch, partials;
   if (splits > 1) {
@@ -697,8 +926,61 @@ void launch_whole_rows(const at::Tensor& logits, int64_t rows, int64_t vocab, in
       logits.data_ptr<scalar_t>(), vocab, k, splits,
       splits > 1 ? reinterpret_cast<uint32_t*>(scratch.data_ptr<int32_t>()) : nullptr,
       splits > 1 ? partials.data_ptr<float>() : nullptr, log_probs.data_ptr<float>(), ids.data_ptr<int64_t>(),
-      invalid_rows.data_ptr<bool>());
+      invalid_rows.data_ptr<bool>(), only_rows);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// How the filter path cuts rows (groups == 0: it does not apply to these logits).
+struct FilterPlan {
+  int groups;            // 8-vector groups per row
+  int splits;            // blocks per row
+  int groups_per_split;
+};
+
+template <typename scalar_t>
+FilterPlan plan_filter(const at::Tensor& logits, int64_t rows, int64_t vocab, int64_t k, int sms) {
+  constexpr int64_t kVec = 16 / sizeof(scalar_t);
+  constexpr int64_t group_elements = kVec * kGroupVectors;
+  // Rows must start on 16-byte boundaries, and there must be at least k groups for the threshold to exist.
+  if ((vocab * static_cast<int64_t>(sizeof(scalar_t))) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 != 0) {
+    return {0, 0, 0};
+  }
+  const int64_t groups = (vocab + group_elements - 1) / group_elements;
+  if (groups < k) return {0, 0, 0};
+  int resident = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, filter_topk_kernel<scalar_t>,
+                                                               kFilterThreads, 0));
+  // About two waves of resident blocks, so that a row's tail work overlaps other rows' streaming; a split keeps at
+  // least a few vectors per thread.
+  const int64_t wanted = std::max<int64_t>(1, (2 * static_cast<int64_t>(std::max(resident, 1)) * sms + rows - 1) / rows);
+  const int64_t min_groups = std::max<int64_t>(1, kFilterThreads / kGroupVectors);
+  const int64_t splits_cap = std::max<int64_t>(1, std::min<int64_t>(kFilterMaxSplits, groups / min_groups));
+  int64_t splits = std::min(wanted, splits_cap);
+  const int64_t per_split = (groups + splits - 1) / splits;
+  splits = (groups + per_split - 1) / per_split;
+  return {static_cast<int>(groups), static_cast<int>(splits), static_cast<int>(per_split)};
+}
+
+template <typename scalar_t>
+void launch_filtered(const at::Tensor& logits, int64_t rows, int64_t vocab, int k, FilterPlan plan, int sms,
+                     at::Tensor& log_probs, at::Tensor& ids, at::Tensor& invalid_rows, cudaStream_t stream) {
+  const auto options = logits.options();
+  const int64_t blocks = rows * plan.splits;
+  at::Tensor group_keys = at::empty({rows * plan.groups}, options.dtype(at::kInt));
+  at::Tensor partials = at::empty({blocks * 2}, options.dtype(at::kFloat));
+  at::Tensor bad_flags = at::empty({blocks}, options.dtype(at::kInt));
+  at::Tensor counters = at::zeros({2 * rows}, options.dtype(at::kInt));  // arrivals, then fallback flags
+  int* const fallback_rows = counters.data_ptr<int>() + rows;
+  filter_topk_kernel<scalar_t><<<static_cast<unsigned>(blocks), kFilterThreads, 0, stream>>>(
+      logits.data_ptr<scalar_t>(), vocab, k, plan.splits, plan.groups, plan.groups_per_split,
+      reinterpret_cast<uint32_t*>(group_keys.data_ptr<int>()), reinterpret_cast<float2*>(partials.data_ptr<float>()),
+      bad_flags.data_ptr<int>(), reinterpret_cast<unsigned*>(counters.data_ptr<int>()), fallback_rows,
+      log_probs.data_ptr<float>(), ids.data_ptr<int64_t>(), invalid_rows.data_ptr<bool>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Rows the filter could not finish (flagged on the device): the whole-row kernel, which every other row leaves at
+  // once. Nothing is read on the host, so the pair stays capturable in a CUDA graph.
+  launch_whole_rows<scalar_t>(logits, rows, vocab, k, sms, log_probs, ids, invalid_rows, stream, fallback_rows);
 }
 
 }  // namespace
@@ -724,9 +1006,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_log_probs_cuda(const at::Ten
       if constexpr (!std::is_same_v<scalar_t, double>) {
         // The chunked path wins while rows are fewer than SMs (batch 1 on an H200: 34 vs 57 us at k = 16); with
         // many rows its per-chunk selection passes cost more than the whole-row kernel (batch 16: 229 vs 173 us).
-        const ChunkPlan plan = rows < sms ? plan_chunks(vocab, k, chunk_smem_limits<scalar_t>(logits.device().index()))
-                                          : ChunkPlan{0, 0};
-        if (plan.chunk > 0) {
+        const FilterPlan filter = plan_filter<scalar_t>(contiguous, rows, vocab, k, sms);
+        const ChunkPlan plan = filter.groups == 0 && rows < sms
+                                   ? plan_chunks(vocab, k, chunk_smem_limits<scalar_t>(logits.device().index()))
+                                   : ChunkPlan{0, 0};
+        if (filter.groups > 0) {
+          launch_filtered<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), filter, sms, log_probs, ids,
+                                    invalid_rows, stream);
+        } else if (plan.chunk > 0) {
           launch_chunked<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), plan, log_probs, ids, invalid_rows, stream);
         } else {
           launch_whole_rows<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), sms, log_probs, ids, invalid_rows, stream);

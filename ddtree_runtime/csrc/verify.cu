@@ -4,40 +4,75 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cub/block/block_radix_sort.cuh>
+
 #include "common.cuh"
 
 namespace ddtree {
 namespace {
 
-// One block per request: tokens, positions and retrieve lists of every slot.
-__global__ void tree_links_kernel(const int64_t* __restrict__ token_ids, const int64_t* __restrict__ depths,
-                                  const int64_t* __restrict__ parents, const int64_t* __restrict__ num_nodes,
-                                  const int64_t* __restrict__ root_tokens, const int64_t* __restrict__ seq_lens,
-                                  int width, int64_t* __restrict__ input_ids, int64_t* __restrict__ positions,
-                                  int64_t* __restrict__ retrieve_index, int64_t* __restrict__ next_token,
-                                  int64_t* __restrict__ next_sibling) {
-  extern __shared__ int parent_of[];
+// One block per request: tokens, positions and retrieve lists of every slot. A node's first child is the lowest
+// later node whose parent it is, its next sibling the lowest later node with the same parent. Both come from one
+// block-wide sort of the real nodes by (parent, index): a parent's children then sit side by side in index order.
+constexpr int kParentShift = 11;  // node indices are < 2^11 (width <= kMaxBudget + 1)
+constexpr uint32_t kNodeMask = (1u << kParentShift) - 1u;
+constexpr uint32_t kNoKey = (kNodeMask << kParentShift) | kNodeMask;  // sorts after every real (parent, node)
+static_assert(kMaxBudget + 1 <= (1 << kParentShift), "node indices must fit the sort key");
+
+template <int kThreads, int kItems>
+__global__ void __launch_bounds__(kThreads) tree_links_kernel(
+    const int64_t* __restrict__ token_ids, const int64_t* __restrict__ depths, const int64_t* __restrict__ parents,
+    const int64_t* __restrict__ num_nodes, const int64_t* __restrict__ root_tokens,
+    const int64_t* __restrict__ seq_lens, int width, int64_t* __restrict__ input_ids,
+    int64_t* __restrict__ positions, int64_t* __restrict__ retrieve_index, int64_t* __restrict__ next_token,
+    int64_t* __restrict__ next_sibling) {
+  using Sort = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
+  __shared__ typename Sort::TempStorage sort_storage;
+  __shared__ uint32_t sorted[kThreads * kItems];
+  __shared__ int child_of[kMaxBudget + 1], sibling_of[kMaxBudget + 1];
   const int64_t request = blockIdx.x;
   const int64_t base = request * width;
-  const int n = static_cast<int>(num_nodes[request]);
-  for (int i = threadIdx.x; i < width; i += blockDim.x) parent_of[i] = static_cast<int>(parents[base + i]);
+  const int n = static_cast<int>(min(num_nodes[request], static_cast<int64_t>(width - 1)));
+  for (int i = threadIdx.x; i < width; i += kThreads) {
+    child_of[i] = static_cast<int>(kNoNode);
+    sibling_of[i] = static_cast<int>(kNoNode);
+  }
+  // Nodes 1..n, blocked: thread t holds nodes t * kItems + 1 .. (t + 1) * kItems. A parent outside the tree
+  // links nothing, as no slot carries that index.
+  uint32_t keys[kItems];
+#pragma unroll
+  for (int item = 0; item < kItems; ++item) {
+    const int node = threadIdx.x * kItems + item + 1;
+    const int64_t parent = node <= n ? parents[base + node] : -1;
+    keys[item] = parent >= 0 && parent < width
+                     ? (static_cast<uint32_t>(parent) << kParentShift) | static_cast<uint32_t>(node)
+                     : kNoKey;
+  }
+  Sort(sort_storage).Sort(keys, 0, 2 * kParentShift);
+#pragma unroll
+  for (int item = 0; item < kItems; ++item) sorted[threadIdx.x * kItems + item] = keys[item];
   __syncthreads();
-  for (int i = threadIdx.x; i < width; i += blockDim.x) {
+  for (int s = threadIdx.x; s < kThreads * kItems; s += kThreads) {
+    const uint32_t key = sorted[s];
+    if (key == kNoKey) continue;
+    const int parent = static_cast<int>(key >> kParentShift), node = static_cast<int>(key & kNodeMask);
+    const uint32_t previous = s > 0 ? sorted[s - 1] : kNoKey;
+    const bool after_parent = node > parent;
+    const bool first_after_parent = static_cast<int>(previous >> kParentShift) != parent ||
+                                    static_cast<int>(previous & kNodeMask) <= parent;
+    if (after_parent && first_after_parent) child_of[parent] = node;
+    if (s + 1 < kThreads * kItems && (sorted[s + 1] >> kParentShift) == key >> kParentShift) {
+      sibling_of[node] = static_cast<int>(sorted[s + 1] & kNodeMask);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < width; i += kThreads) {
     const bool real = i <= n;
     input_ids[base + i] = i == 0 ? root_tokens[request] : token_ids[request * (width - 1) + i - 1];
     positions[base + i] = seq_lens[request] + (i == 0 ? 0 : depths[request * (width - 1) + i - 1]);
     retrieve_index[base + i] = real ? base + i : kNoNode;
-    int64_t child = kNoNode, sibling = kNoNode;
-    if (real) {
-      const int parent = parent_of[i];
-      for (int j = i + 1; j <= n; ++j) {
-        if (child == kNoNode && parent_of[j] == i) child = j;
-        if (sibling == kNoNode && i > 0 && parent_of[j] == parent) sibling = j;
-        if (child != kNoNode && (sibling != kNoNode || i == 0)) break;
-      }
-    }
-    next_token[base + i] = child;
-    next_sibling[base + i] = sibling;
+    next_token[base + i] = real ? child_of[i] : kNoNode;
+    next_sibling[base + i] = real && i > 0 ? sibling_of[i] : kNoNode;
   }
 }
 
@@ -153,11 +188,19 @@ std::vector<at::Tensor> tree_verify_inputs_cuda(const at::Tensor& token_ids, con
   at::Tensor flat_mask = at::empty({mask_numel}, parents.options().dtype(at::kBool));
   if (batch == 0) return {input_ids, positions, visibility, flat_mask, retrieve_index, next_token, next_sibling};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  tree_links_kernel<<<static_cast<unsigned>(batch), 256, width * sizeof(int), stream>>>(
-      tokens_l.data_ptr<int64_t>(), depths_l.data_ptr<int64_t>(), parents_l.data_ptr<int64_t>(),
-      nodes_l.data_ptr<int64_t>(), roots_l.data_ptr<int64_t>(), seq_l.data_ptr<int64_t>(), static_cast<int>(width),
-      input_ids.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), retrieve_index.data_ptr<int64_t>(),
-      next_token.data_ptr<int64_t>(), next_sibling.data_ptr<int64_t>());
+  const auto launch_links = [&](auto kernel, int threads) {
+    kernel<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
+        tokens_l.data_ptr<int64_t>(), depths_l.data_ptr<int64_t>(), parents_l.data_ptr<int64_t>(),
+        nodes_l.data_ptr<int64_t>(), roots_l.data_ptr<int64_t>(), seq_l.data_ptr<int64_t>(), static_cast<int>(width),
+        input_ids.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), retrieve_index.data_ptr<int64_t>(),
+        next_token.data_ptr<int64_t>(), next_sibling.data_ptr<int64_t>());
+  };
+  if (width <= 129) {
+    launch_links(tree_links_kernel<128, 1>, 128);
+  } else {
+    static_assert(256 * 4 >= kMaxBudget, "the sort must hold every node");
+    launch_links(tree_links_kernel<256, 4>, 256);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // The caller states the flat mask's size (sum over requests of N * (seq_len + N)); 0 skips the flat layout.
   const bool write_flat = mask_numel > 0;

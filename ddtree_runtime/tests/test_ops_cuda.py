@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from ddtree_runtime.tree import DraftTreeBatch, build_tree_from_topk, depth_log_probs, ranked_topk
+from test_topk_filter import filter_path_rows
 
 from ddtree_runtime import ops
 
@@ -83,19 +84,21 @@ def test_topk_rows_split_over_blocks_at_batch_one():
 
 
 def test_topk_vocabulary_too_long_for_the_chunked_path():
-    # At k = 1024 a 300000-token row needs chunks longer than the chunk blocks' shared memory: the whole-row
-    # fallback kernel runs; k = 16 on the same logits takes the chunked path.
+    # An odd vocabulary (rows not 16-byte aligned) leaves the filter path out. At k = 1024 a 300001-token row needs
+    # chunks longer than the chunk blocks' shared memory: the whole-row kernel runs; k = 16 takes the chunked path.
     generator = torch.Generator().manual_seed(13)
-    logits = torch.randn(1, 2, 300000, generator=generator)
+    logits = torch.randn(1, 2, 300001, generator=generator)
     logits[0, 1, 250000:] = 5.0  # ties in the last chunks
     for k in (16, 1024):
         check_topk(logits.to(torch.bfloat16), k)
 
 
-def test_topk_with_more_rows_than_multiprocessors():
-    # 240 rows (batch 16 at depth 15): the whole-row kernel on GPUs with up to 240 SMs, with ties and -inf.
+@pytest.mark.parametrize("vocab", [5000, 5001])
+def test_topk_with_more_rows_than_multiprocessors(vocab):
+    # 240 rows (batch 16 at depth 15), with ties and -inf: the filter path where the rows are 16-byte aligned and
+    # hold at least k groups (5000 at k <= 64), the whole-row kernel otherwise.
     generator = torch.Generator().manual_seed(14)
-    logits = torch.randn(16, 15, 5000, generator=generator) * 3
+    logits = torch.randn(16, 15, vocab, generator=generator) * 3
     logits[3] = torch.round(logits[3])
     logits[5, :, 2500:] = float("-inf")
     for k in (1, 64, 1024):
@@ -199,6 +202,44 @@ def test_verify_inputs_and_walks_equal_the_reference():
         ref = ops._accept_reference(cpu_verify, predict.cpu(), seq_lens.cpu(), 15)
         for name, a, b in zip(ops.Acceptance._fields, ours, ref, strict=True):
             assert torch.equal(a.cpu(), b), name
+
+
+def random_tree_batch(budget: int, seed: int) -> DraftTreeBatch:
+    """Trees of any shape up to depth 16: each node's parent drawn from the earlier nodes, so a parent's children
+    are scattered over the indices (full, half and empty trees)."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = [budget, budget // 2, 0]
+    width = budget + 1
+    parents = torch.full((len(sizes), width), -1, dtype=torch.long)
+    depths = torch.zeros(len(sizes), budget, dtype=torch.long)
+    token_ids = torch.full((len(sizes), budget), -1, dtype=torch.long)
+    log_probs = torch.full((len(sizes), budget), float("-inf"), dtype=torch.float64)
+    for b, size in enumerate(sizes):
+        depth_of = [0]
+        for node in range(1, size + 1):
+            open_nodes = [q for q in range(node) if depth_of[q] < 16]
+            parent = open_nodes[int(torch.randint(0, len(open_nodes), (1,), generator=generator))]
+            depth_of.append(depth_of[parent] + 1)
+            parents[b, node] = parent
+            depths[b, node - 1] = depth_of[-1]
+            token_ids[b, node - 1] = int(torch.randint(0, 248320, (1,), generator=generator))
+            log_probs[b, node - 1] = -float(node)
+    ranks = torch.where(token_ids >= 0, 0, -1)
+    return DraftTreeBatch(token_ids=token_ids, depths=depths, parents=parents, log_probs=log_probs, ranks=ranks,
+                          num_nodes=torch.tensor(sizes, dtype=torch.long))
+
+
+@pytest.mark.parametrize("budget", [1, 16, 128, 129, 1024])
+def test_verify_inputs_of_arbitrary_trees_equal_the_reference(budget):
+    # The links kernel sorts nodes by (parent, index) in one block (128 or 1024 slots by width): scattered siblings,
+    # empty trees and the widest tree against the reference's lists, tokens, positions and masks.
+    cpu_tree = random_tree_batch(budget, seed=400 + budget)
+    roots = torch.tensor([7, 8, 9])
+    seq_lens = torch.tensor([5, 0, 33])
+    verify = ops.tree_verify_inputs(cpu_tree.to(CUDA), roots.to(CUDA), seq_lens.to(CUDA))
+    reference = ops._verify_reference(cpu_tree, roots, seq_lens, verify.custom_mask.numel())
+    for name, ours, ref in zip(ops.VerifyInputs._fields, verify, reference, strict=True):
+        assert torch.equal(ours.cpu(), ref), name
 
 
 def test_compare_with_reference_on_the_gpu():
@@ -322,7 +363,7 @@ def test_worker_round_on_the_kernels_equals_its_pytorch_path_without_a_host_sync
 
 @pytest.mark.parametrize("batch", [1, 4, 16, 48])
 def test_topk_at_the_user_vocabulary(batch):
-    # Batch 1 and 4 take the chunked path (fewer rows than SMs), 16 and 48 the whole-row kernel.
+    # The filter path at every batch (one block per row at batch 48, several per row below).
     generator = torch.Generator().manual_seed(100 + batch)
     logits = torch.randn(batch, 15, USER_VOCAB, generator=generator) * 3
     logits[0, 0, 200000:] = float("-inf")
@@ -330,6 +371,49 @@ def test_topk_at_the_user_vocabulary(batch):
     logits[-1, 14, 248000:] = 9.0  # ties in the last chunk
     for k in (1, 8, 16, 64, 1024):
         check_topk(logits.to(torch.bfloat16), k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_topk_filter_path_with_ties_masks_and_leftover_rows(dtype):
+    logits = filter_path_rows(USER_VOCAB).to(dtype)
+    for k in (1, 2, 16, 64, 1000, 1024):
+        check_topk(logits, k)
+
+
+def test_topk_filter_path_with_exactly_k_groups():
+    # Exactly k = 1024 groups of 64 bf16 logits (the threshold is then the smallest group maximum); 65528: still 1024
+    # groups, the last one 7 vectors short; 65535: rows not 16-byte aligned, the earlier kernels run.
+    generator = torch.Generator().manual_seed(301)
+    for vocab in (65536, 65528, 65535):
+        logits = torch.randn(2, 3, vocab, generator=generator) * 3
+        logits[1] = torch.round(logits[1])
+        check_topk(logits.to(torch.bfloat16), 1024)
+
+
+def test_topk_filter_path_and_its_leftover_rows_replay_in_a_cuda_graph():
+    # The arrival counters and leftover flags are reset inside the graph: replays with new logits stay exact,
+    # whichever rows the filter hands over.
+    static = filter_path_rows(USER_VOCAB).to(torch.bfloat16).to(CUDA)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.topk_log_probs(static, 64)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.topk_log_probs(static, 64)
+    generator = torch.Generator().manual_seed(302)
+    for replay in range(3):
+        fresh = torch.randn(2, 15, USER_VOCAB, generator=generator) * 3
+        fresh[replay % 2, replay] = 2.0  # a different row goes to the whole-row kernel each time
+        static.copy_(fresh.to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_values, ref_ids = ranked_topk(static.float().cpu(), 64)
+        assert torch.equal(captured.ids.cpu(), ref_ids)
+        assert torch.equal(torch.gather(static.float().cpu(), -1, captured.ids.cpu()), ref_values)
+        ref_lp, _unused = depth_log_probs(static.float().cpu(), 64)
+        assert torch.allclose(captured.log_probs.cpu(), ref_lp, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("batch", [1, 16, 48])

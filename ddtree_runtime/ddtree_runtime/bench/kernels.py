@@ -7,7 +7,8 @@ positions, ancestor mask and retrieve lists; the flat SGLang mask is timed separ
 per kernel, timed with CUDA events (eager) and as one CUDA-graph replay. Logits are bf16 ``[B, 15, V]`` with one
 boosted token per depth (a confident drafter: deep trees), at the user's vocabulary (Qwen3.6, 248320) and Qwen3's
 (151936) by default. The top-K's bandwidth is the logits' bytes over its time; beside it, the same bytes read by
-``torch.amax`` over the last dim, a memory-bound floor measured on the same tensor.
+``torch.amax`` over the last dim, a memory-bound floor measured on the same tensor, and one row's ``amax`` as a
+graph replay (the latency floor of a single-row read).
 
     python -m ddtree_runtime.bench.kernels --batches 1,4,16,48 --json kernels.json
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -86,8 +88,16 @@ def kernel_us(fn: Callable[[], object], iterations: int) -> dict[str, float]:
     for event in prof.key_averages():
         device_us = getattr(event, "self_device_time_total", 0.0)
         if device_us > 0:
-            times[event.key[:60]] = device_us / iterations
+            name = kernel_name(event.key)
+            times[name] = times.get(name, 0.0) + device_us / iterations
     return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
+def kernel_name(key: str) -> str:
+    """The function name of a profiler key (``void ddtree::(anonymous namespace)::tree_links_kernel<256, 4>(...)``
+    -> ``tree_links_kernel``); other keys (memsets, torch's own kernels) cut to 60 characters."""
+    match = re.search(r"(\w+_kernel)\b", key)
+    return match.group(1) if match else key[:60]
 
 
 def spin_up(seconds: float) -> None:
@@ -144,6 +154,9 @@ def measure(vocab: int, batch: int, budget: int, args: argparse.Namespace) -> di
         "sm_clock_mhz_after": sm_clock_mhz(),
         "empty_graph_kernel_us": graph_us(lambda: roots.add_(0), args.iterations),
         "read_floor_us": event_us(lambda: torch.amax(logits, dim=-1), args.iterations),
+        # One row's read, as a graph replay: the latency floor that a top-K at batch 1 is compared with.
+        "row_floor_graph_us": graph_us(lambda: torch.amax(logits[0, 0], dim=-1), args.iterations),
+        "topk_graph_us": graph_us(lambda: ops.topk_log_probs(logits, top.ids.shape[2]), args.iterations),
         "logits_bytes": logits_bytes,
     }
     result["topk_tb_s"] = terabytes_per_second(logits_bytes, result["topk_us"])
@@ -173,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [measure(vocab, batch, budget, args) for vocab in map(int, args.vocabs.split(","))
             for batch in map(int, args.batches.split(",")) for budget in map(int, args.budgets.split(","))]
     header = ("| V | batch | budget | reference us | ours us (eager) | ours us (graph) | speedup (eager / graph) | "
-              "top-K us | top-K TB/s | amax floor us (TB/s) | tree us | verify inputs us | + flat mask us | "
+              "top-K us | top-K TB/s | top-K graph us | amax floor us (TB/s) | "
+              "one-row amax graph us | tree us | verify inputs us | + flat mask us | "
               "one-kernel graph us | SM MHz |")
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"L={args.depth} bf16")
@@ -182,7 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"| {r['vocab']} | {r['batch']} | {r['budget']} | {r['reference_us']:.0f} | {r['ours_us']:.1f} | "
               f"{r['ours_graph_us']:.1f} | {r['speedup']:.0f}x / {r['speedup_graph']:.0f}x | {r['topk_us']:.1f} | "
-              f"{r['topk_tb_s']:.2f} | {r['read_floor_us']:.1f} ({r['read_floor_tb_s']:.2f}) | {r['tree_us']:.1f} | "
+              f"{r['topk_tb_s']:.2f} | {r['topk_graph_us']:.1f} | "
+              f"{r['read_floor_us']:.1f} ({r['read_floor_tb_s']:.2f}) | "
+              f"{r['row_floor_graph_us']:.1f} | {r['tree_us']:.1f} | "
               f"{r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} | "
               f"{r['empty_graph_kernel_us']:.1f} | {r['sm_clock_mhz_before']}/{r['sm_clock_mhz_after']} |")
     for r in rows:
