@@ -619,6 +619,8 @@ constexpr int kFilterCapacity = 4096;         // candidate keys the last block c
 constexpr int kFilterGroupCapacity = 2048;    // groups with a key >= T the last block can list
 constexpr int kFilterMaxSplits = 64;
 constexpr int kFilterUnroll = 4;              // vectors each thread has in flight while streaming
+constexpr int kFilterKeysPerThread = 16;      // group keys each thread of a row's last block holds in registers
+constexpr int kFilterMaxGroups = kFilterKeysPerThread * kFilterThreads;
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -626,12 +628,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// max() that returns NaN when either operand is NaN (fmaxf drops it), so one test per vector finds NaN.
+__device__ __forceinline__ float max_or_nan(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+#else
+  return (isnan(a) || isnan(b)) ? NAN : fmaxf(a, b);
+#endif
+}
+
 // absorb() with the hardware exp2 (relative error ~2^-22 per term, far inside the 1e-5 the log-normaliser keeps).
+// `top` is the largest of x (NaN when x holds one: the sum then turns NaN, and the caller flags the row anyway).
 template <int count>
-__device__ __forceinline__ void absorb_fast(LogSumExp& lse, const float (&x)[count]) {
-  float top = x[0];
-#pragma unroll
-  for (int j = 1; j < count; ++j) top = fmaxf(top, x[j]);
+__device__ __forceinline__ void absorb_fast(LogSumExp& lse, const float (&x)[count], float top) {
   const float new_max = fmaxf(lse.max, top);
   if (new_max == -INFINITY) return;
   if (new_max > lse.max) lse.sum *= fast_exp2((lse.max - new_max) * kLog2e);
@@ -669,12 +680,15 @@ __device__ __forceinline__ void stream_groups(const scalar_t* __restrict__ row, 
         const scalar_t* values = reinterpret_cast<const scalar_t*>(&raw[u]);
         float x[kVec];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          x[j] = static_cast<float>(values[j]);
-          bad |= isnan(x[j]) || x[j] == INFINITY;
-          top_key = max(top_key, float_to_key(x[j]));
-        }
-        absorb_fast(lse, x);
+        for (int j = 0; j < kVec; ++j) x[j] = static_cast<float>(values[j]);
+        // One NaN-propagating max per element; the bad test and the order key then run once per vector. The key
+        // of the largest float is the largest key (float_to_key is monotone), so the group key stays exact.
+        float top = x[0];
+#pragma unroll
+        for (int j = 1; j < kVec; ++j) top = max_or_nan(top, x[j]);
+        bad |= !(top < INFINITY);  // NaN or +inf
+        top_key = float_to_key(top);
+        absorb_fast(lse, x, top);
       }
       top_key = max(top_key, __shfl_xor_sync(0xffffffffu, top_key, 1));
       top_key = max(top_key, __shfl_xor_sync(0xffffffffu, top_key, 2));
@@ -687,9 +701,23 @@ __device__ __forceinline__ void stream_groups(const scalar_t* __restrict__ row, 
   }
 }
 
+// Adds one to hist[bin] for every lane with `take`, one shared atomic per warp for the lanes that share the first
+// taker's bin (group keys of a row mostly share their top digits, and same-address atomics of a warp serialise).
+// Every lane of the warp must call it.
+__device__ __forceinline__ void count_in_bin(uint32_t* hist, bool take, uint32_t bin) {
+  const unsigned takers = __ballot_sync(0xffffffffu, take);
+  if (takers == 0) return;
+  const int lane = threadIdx.x & (kLanes - 1);
+  const int leader = __ffs(takers) - 1;
+  const uint32_t leader_bin = __shfl_sync(0xffffffffu, bin, leader);
+  const unsigned same = __ballot_sync(0xffffffffu, take && bin == leader_bin);
+  if (lane == leader) atomicAdd(&hist[leader_bin], static_cast<uint32_t>(__popc(same)));
+  if (take && bin != leader_bin) atomicAdd(&hist[bin], 1u);
+}
+
 // The lower bound T described above: the K-th largest of the row's group keys, with its low 16 bits cleared (two
-// 8-bit radix passes over the group keys).
-__device__ uint32_t group_threshold(const uint32_t* __restrict__ group_keys, int groups, int k, uint32_t* hist,
+// 8-bit radix passes). keys[i] is group i * blockDim.x + threadIdx.x, read once into registers by the caller.
+__device__ uint32_t group_threshold(const uint32_t (&keys)[kFilterKeysPerThread], int groups, int k, uint32_t* hist,
                                     BinChoice* choice) {
   uint32_t prefix = 0;
   int needed = k;
@@ -697,9 +725,12 @@ __device__ uint32_t group_threshold(const uint32_t* __restrict__ group_keys, int
     const int shift = 24 - 8 * pass;
     for (int b = threadIdx.x; b < kBins; b += blockDim.x) hist[b] = 0;
     __syncthreads();
-    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-      const uint32_t key = __ldcg(group_keys + g);
-      if (pass == 0 || (key >> 24) == (prefix >> 24)) atomicAdd(&hist[(key >> shift) & (kBins - 1)], 1u);
+#pragma unroll
+    for (int i = 0; i < kFilterKeysPerThread; ++i) {
+      if (i * static_cast<int>(blockDim.x) >= groups) break;  // the same for every thread
+      const bool present = i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x) < groups;
+      const bool take = present && (pass == 0 || (keys[i] >> 24) == (prefix >> 24));
+      count_in_bin(hist, take, (keys[i] >> shift) & (kBins - 1));
     }
     __syncthreads();
     if (threadIdx.x < 32) choose_bin(hist, kBins, needed, choice);
@@ -711,6 +742,33 @@ __device__ uint32_t group_threshold(const uint32_t* __restrict__ group_keys, int
   __syncthreads();
   return prefix;
 }
+
+// Warp 0 of the row's last block: the row's log-normaliser parts and bad flags from its split blocks, combined.
+__device__ void combine_row_partials(const float2* __restrict__ partials, const int* __restrict__ bad_flags,
+                                     int64_t row_index, int splits, LogSumExp* total, bool* any_bad) {
+  LogSumExp all{-INFINITY, 0.f};
+  int bad = 0;
+  for (int s = threadIdx.x; s < splits; s += kLanes) {
+    const float2 part = __ldcg(&partials[row_index * splits + s]);
+    all = combine(all, LogSumExp{part.x, part.y});
+    bad |= __ldcg(&bad_flags[row_index * splits + s]);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    all = combine(all, LogSumExp{__shfl_xor_sync(0xffffffffu, all.max, offset),
+                                 __shfl_xor_sync(0xffffffffu, all.sum, offset)});
+  }
+  *total = all;
+  *any_bad = __any_sync(0xffffffffu, bad != 0);
+}
+
+// Diagnosis only (build with -DDDTREE_FILTER_PROFILE): the last block of row 0 prints when each of its phases ended,
+// in ns after that block started.
+#ifdef DDTREE_FILTER_PROFILE
+#define FILTER_STAMP(i) \
+  if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamps[i]))
+#else
+#define FILTER_STAMP(i)
+#endif
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
@@ -727,6 +785,10 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   __shared__ int listed, taken;
   __shared__ bool last_block;
 
+#ifdef DDTREE_FILTER_PROFILE
+  unsigned long long stamps[9] = {};
+#endif
+  FILTER_STAMP(0);
   const int64_t row_index = blockIdx.x / splits;
   const int split = blockIdx.x % splits;
   const scalar_t* row = logits + row_index * vocab;
@@ -738,6 +800,7 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   LogSumExp mine{-INFINITY, 0.f};
   bool bad = false;
   stream_groups(row, row_vectors, first_group, last_group, row_group_keys, mine, bad);
+  FILTER_STAMP(1);
   __threadfence();  // this block's group keys are visible to the row's last block before it arrives
   bad = __syncthreads_or(bad);
   const LogSumExp total = block_logsumexp(mine, lse_scratch);
@@ -749,30 +812,40 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   }
   __syncthreads();
   if (!last_block) return;
+  FILTER_STAMP(2);
   __threadfence();
 
-  // The row's last block: the log-normaliser and the bad flag of the whole row.
-  if (threadIdx.x == 0) {
-    LogSumExp all{-INFINITY, 0.f};
-    int any_bad = 0;
-    for (int s = 0; s < splits; ++s) {
-      const float2 part = __ldcg(&partials[row_index * splits + s]);
-      all = combine(all, LogSumExp{part.x, part.y});
-      any_bad |= __ldcg(&bad_flags[row_index * splits + s]);
-    }
-    lse_scratch[0] = all;
-    out_invalid[row_index] = any_bad != 0;
-    listed = 0;
-    taken = 0;
+  // The row's last block. Its group keys, read once (independent loads, one L2 round trip) into registers.
+  uint32_t keys[kFilterKeysPerThread];
+#pragma unroll
+  for (int i = 0; i < kFilterKeysPerThread; ++i) {
+    const int g = i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+    keys[i] = g < groups ? __ldcg(row_group_keys + g) : 0u;
   }
-  const uint32_t threshold = group_threshold(row_group_keys, groups, k, hist, &choice);
+  // The log-normaliser and the bad flag of the whole row.
+  if (threadIdx.x < kLanes) {
+    LogSumExp all;
+    bool any_bad;
+    combine_row_partials(partials, bad_flags, row_index, splits, &all, &any_bad);
+    if (threadIdx.x == 0) {
+      lse_scratch[0] = all;
+      out_invalid[row_index] = any_bad;
+      listed = 0;
+      taken = 0;
+    }
+  }
+  FILTER_STAMP(3);
+  const uint32_t threshold = group_threshold(keys, groups, k, hist, &choice);
+  FILTER_STAMP(4);
   const float log_z = log_normaliser(lse_scratch[0]);
 
   // List the groups that can hold a top-K element (warp-aggregated appends).
   const int lane = threadIdx.x & (kLanes - 1);
-  for (int base = 0; base < groups; base += blockDim.x) {
-    const int g = base + threadIdx.x;
-    const bool hit = g < groups && __ldcg(row_group_keys + g) >= threshold;
+#pragma unroll
+  for (int i = 0; i < kFilterKeysPerThread; ++i) {
+    if (i * static_cast<int>(blockDim.x) >= groups) break;  // the same for every thread
+    const int g = i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+    const bool hit = g < groups && keys[i] >= threshold;
     const uint32_t ballot = __ballot_sync(0xffffffffu, hit);
     int first_slot = 0;
     if (lane == 0 && ballot != 0) first_slot = atomicAdd(&listed, __popc(ballot));
@@ -781,6 +854,7 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
     if (hit && slot < kFilterGroupCapacity) group_list[slot] = g;
   }
   __syncthreads();
+  FILTER_STAMP(5);
   const int group_count = listed;
   if (group_count <= kFilterGroupCapacity) {
     // Gather: each thread reads whole listed groups (8 independent 16-byte loads in flight).
@@ -810,21 +884,34 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
     }
   }
   __syncthreads();
+  FILTER_STAMP(6);
   const int count = taken;
-  if (group_count > kFilterGroupCapacity || count > kFilterCapacity) {
-    if (threadIdx.x == 0) fallback_rows[row_index] = 1;  // too many candidates: the whole-row kernel takes the row
+  // Too many candidates, or (only in a row holding NaN, whose group key may be no element's key) too few: the
+  // whole-row kernel takes the row.
+  if (group_count > kFilterGroupCapacity || count > kFilterCapacity || count < k) {
+    if (threadIdx.x == 0) fallback_rows[row_index] = 1;
     return;
   }
-  // count >= k: the k groups with a key >= T each hold an element >= T.
+  // Otherwise count >= k: the k groups with a key >= T each hold an element >= T.
   const int padded = next_pow2(count);
   for (int i = count + threadIdx.x; i < padded; i += blockDim.x) candidates[i] = 0;
   bitonic_sort(candidates, padded, /*descending=*/true);
+  FILTER_STAMP(7);
   for (int r = threadIdx.x; r < k; r += blockDim.x) {
     const uint64_t entry = candidates[r];
     const float top = key_to_float(static_cast<uint32_t>(entry >> 32));
     out_log_probs[row_index * k + r] = top == -INFINITY ? -INFINITY : top - log_z;
     out_ids[row_index * k + r] = static_cast<int64_t>(~static_cast<uint32_t>(entry));
   }
+#ifdef DDTREE_FILTER_PROFILE
+  FILTER_STAMP(8);
+  if (threadIdx.x == 0 && row_index == 0) {
+    printf("filter row 0 (k %d, splits %d, groups %d, listed %d, candidates %d): stream %llu, arrive %llu, keys+lse %llu, "
+           "threshold %llu, list %llu, gather %llu, sort %llu, write %llu ns\n", k, splits, groups, group_count, count,
+           stamps[1] - stamps[0], stamps[2] - stamps[1], stamps[3] - stamps[2], stamps[4] - stamps[3],
+           stamps[5] - stamps[4], stamps[6] - stamps[5], stamps[7] - stamps[6], stamps[8] - stamps[7]);
+  }
+#endif
 }
 
 // Dynamic shared memory each main-path kernel may use on a device: what its largest launch needs, or less where the
@@ -947,7 +1034,7 @@ FilterPlan plan_filter(const at::Tensor& logits, int64_t rows, int64_t vocab, in
     return {0, 0, 0};
   }
   const int64_t groups = (vocab + group_elements - 1) / group_elements;
-  if (groups < k) return {0, 0, 0};
+  if (groups < k || groups > kFilterMaxGroups) return {0, 0, 0};
   int resident = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, filter_topk_kernel<scalar_t>,
                                                                kFilterThreads, 0));

@@ -7,7 +7,8 @@ have a key ``>= T``, so at least K elements are ``>= T``, so the row's K-th larg
 K-th value are then all ``>= T`` too. The kernel lists the groups whose key is ``>= T`` (at most
 ``GROUP_CAPACITY``), gathers their elements ``>= T`` (at most ``CANDIDATE_CAPACITY``) and sorts them by
 (value desc, token id asc). A row that overflows either buffer goes to the whole-row kernel. Rows that are not
-16-byte aligned, or that have fewer than K groups, never take this path.
+16-byte aligned, or that have fewer than K groups or more than ``MAX_GROUPS`` (the group keys the last block of a
+row holds in registers), never take this path.
 
 :func:`filter_row` runs these steps on one row and says which way the kernel goes. The tests use it to check the
 argument and the capacities on CPU; the GPU tests hold the kernel to :func:`ddtree_runtime.tree.ranked_topk`.
@@ -25,6 +26,7 @@ __all__ = [
     "CANDIDATE_CAPACITY",
     "GROUP_CAPACITY",
     "GROUP_VECTORS",
+    "MAX_GROUPS",
     "FilterOutcome",
     "filter_row",
     "group_elements",
@@ -34,6 +36,7 @@ __all__ = [
 GROUP_VECTORS = 8  # kGroupVectors
 CANDIDATE_CAPACITY = 4096  # kFilterCapacity
 GROUP_CAPACITY = 2048  # kFilterGroupCapacity
+MAX_GROUPS = 16 * 512  # kFilterKeysPerThread * kFilterThreads
 VECTOR_BYTES = 16
 
 Path = Literal["filter", "whole_row", "ineligible"]
@@ -67,7 +70,7 @@ def filter_row(row: torch.Tensor, k: int) -> FilterOutcome:
     vocab = row.numel()
     per_group = group_elements(row.dtype)
     groups = -(-vocab // per_group)
-    if (vocab * row.element_size()) % VECTOR_BYTES != 0 or groups < k:
+    if (vocab * row.element_size()) % VECTOR_BYTES != 0 or not k <= groups <= MAX_GROUPS:
         return FilterOutcome("ineligible", None, 0, 0, None)
     keys = order_keys(row)
     padded = torch.zeros(groups * per_group, dtype=torch.long)  # key 0 stands for "no element", below every key

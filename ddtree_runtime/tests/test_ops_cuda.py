@@ -390,6 +390,30 @@ def test_topk_filter_path_with_exactly_k_groups():
         check_topk(logits.to(torch.bfloat16), 1024)
 
 
+NEGATIVE_NAN_BITS = {torch.bfloat16: (torch.int16, -64), torch.float16: (torch.int16, -512),
+                     torch.float32: (torch.int32, -4194304)}  # 0xFFC0, 0xFE00, 0xFFC00000: NaN with the sign bit set
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_topk_filter_path_flags_nan_and_positive_infinity_wherever_they_are(dtype):
+    # The filter path tests each vector's NaN-propagating maximum: a NaN of either sign, a NaN among -inf only (no
+    # finite maximum to carry it), and +inf in the last vector of a row are all flagged; a clean request beside them
+    # keeps its exact top-K.
+    generator = torch.Generator().manual_seed(303)
+    logits = (torch.randn(5, 15, USER_VOCAB, generator=generator) * 3).to(dtype)
+    logits[1, 3, 7] = float("nan")
+    logits[2, 14, USER_VOCAB - 1] = float("inf")
+    int_dtype, negative_nan = NEGATIVE_NAN_BITS[dtype]
+    logits[3, 0].view(int_dtype)[100] = negative_nan
+    logits[4, 5] = float("-inf")
+    logits[4, 5, 170000] = float("nan")
+    for k in (1, 16, 1024):
+        top = ops.topk_log_probs(logits.to(CUDA), k)
+        assert top.invalid.tolist() == [False, True, True, True, True], k
+        _values, ref_ids = ranked_topk(logits[0].float(), k)
+        assert torch.equal(top.ids[0].cpu(), ref_ids), k
+
+
 def test_topk_filter_path_and_its_leftover_rows_replay_in_a_cuda_graph():
     # The arrival counters and leftover flags are reset inside the graph: replays with new logits stay exact,
     # whichever rows the filter hands over.
