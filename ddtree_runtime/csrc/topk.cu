@@ -618,7 +618,15 @@ constexpr int kGroupVectors = 8;              // 16-byte vectors per group: 8 la
 constexpr int kFilterCapacity = 4096;         // candidate keys the last block can hold and sort
 constexpr int kFilterGroupCapacity = 2048;    // groups with a key >= T the last block can list
 constexpr int kFilterMaxSplits = 64;
-constexpr int kFilterUnroll = 4;              // vectors each thread has in flight while streaming
+#ifndef DDTREE_FILTER_UNROLL
+#define DDTREE_FILTER_UNROLL 4
+#endif
+#ifndef DDTREE_FILTER_WAVES
+#define DDTREE_FILTER_WAVES 2
+#endif
+constexpr int kFilterUnroll = DDTREE_FILTER_UNROLL;  // vectors each thread has in flight while streaming
+constexpr int kFilterWaves = DDTREE_FILTER_WAVES;    // blocks per row: about this many waves of resident blocks
+constexpr int kFilterSortPairs = kFilterCapacity / 2 / kFilterThreads;  // compare-exchanges per thread per step
 constexpr int kFilterKeysPerThread = 16;      // group keys each thread of a row's last block holds in registers
 constexpr int kFilterMaxGroups = kFilterKeysPerThread * kFilterThreads;
 
@@ -715,6 +723,45 @@ __device__ __forceinline__ void count_in_bin(uint32_t* hist, bool take, uint32_t
   if (take && bin != leader_bin) atomicAdd(&hist[bin], 1u);
 }
 
+// Descending bitonic sort of data[0..n), n a power of two <= kFilterCapacity. Each thread loads all of its
+// compare-exchanges of a step before comparing, so their shared-memory latencies overlap; steps whose pairs stay
+// inside one warp's window of 64 (stride < 32, and the previous step's too) need only a warp barrier.
+__device__ void filter_sort_descending(uint64_t* data, int n) {
+  const int pairs = n >> 1;
+  int previous_stride = n;  // the candidates were written by every warp
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (previous_stride >= kLanes) {
+        __syncthreads();
+      } else {
+        __syncwarp();
+      }
+      previous_stride = stride;
+      uint64_t a[kFilterSortPairs], b[kFilterSortPairs];
+      int low[kFilterSortPairs];
+#pragma unroll
+      for (int q = 0; q < kFilterSortPairs; ++q) {
+        const int p = q * kFilterThreads + static_cast<int>(threadIdx.x);
+        low[q] = ((p & ~(stride - 1)) << 1) | (p & (stride - 1));
+        if (p < pairs) {
+          a[q] = data[low[q]];
+          b[q] = data[low[q] + stride];
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kFilterSortPairs; ++q) {
+        const int p = q * kFilterThreads + static_cast<int>(threadIdx.x);
+        const bool descending = (low[q] & size) == 0;
+        if (p < pairs && (descending ? a[q] < b[q] : a[q] > b[q])) {
+          data[low[q]] = b[q];
+          data[low[q] + stride] = a[q];
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // The lower bound T described above: the K-th largest of the row's group keys, with its low 16 bits cleared (two
 // 8-bit radix passes). keys[i] is group i * blockDim.x + threadIdx.x, read once into registers by the caller.
 __device__ uint32_t group_threshold(const uint32_t (&keys)[kFilterKeysPerThread], int groups, int k, uint32_t* hist,
@@ -801,7 +848,8 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   bool bad = false;
   stream_groups(row, row_vectors, first_group, last_group, row_group_keys, mine, bad);
   FILTER_STAMP(1);
-  __threadfence();  // this block's group keys are visible to the row's last block before it arrives
+  // No fence per thread: thread 0's fence below, after this barrier, is cumulative over the block's writes (the
+  // pattern of cooperative groups' grid barrier), so the group keys are visible before the arrival.
   bad = __syncthreads_or(bad);
   const LogSumExp total = block_logsumexp(mine, lse_scratch);
   if (threadIdx.x == 0) {
@@ -857,27 +905,50 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   FILTER_STAMP(5);
   const int group_count = listed;
   if (group_count <= kFilterGroupCapacity) {
-    // Gather: each thread reads whole listed groups (8 independent 16-byte loads in flight).
+    // Gather: each thread reads whole listed groups (8 independent 16-byte loads in flight), counts its elements
+    // >= T, and a warp scan places them with one shared atomic per warp.
     const uint4* vrow = reinterpret_cast<const uint4*>(row);
-    for (int i = threadIdx.x; i < group_count; i += blockDim.x) {
-      const int g = group_list[i];
+    for (int base = 0; base < group_count; base += blockDim.x) {  // the same trip count in every lane
+      const bool mine = base + static_cast<int>(threadIdx.x) < group_count;
+      const int g = mine ? group_list[base + threadIdx.x] : 0;
       uint4 raw[kGroupVectors];
 #pragma unroll
       for (int u = 0; u < kGroupVectors; ++u) {
         const int64_t v = static_cast<int64_t>(g) * kGroupVectors + u;
-        raw[u] = v < row_vectors ? __ldg(vrow + v) : make_uint4(0, 0, 0, 0);
+        raw[u] = mine && v < row_vectors ? __ldg(vrow + v) : make_uint4(0, 0, 0, 0);
       }
+      const auto element_key = [&](int u, int j) -> uint32_t {  // 0 (below T) for elements past the row
+        const int64_t v = static_cast<int64_t>(g) * kGroupVectors + u;
+        const scalar_t* values = reinterpret_cast<const scalar_t*>(&raw[u]);
+        return mine && v < row_vectors ? float_to_key(static_cast<float>(values[j])) : 0u;
+      };
+      int hits = 0;
 #pragma unroll
       for (int u = 0; u < kGroupVectors; ++u) {
-        const int64_t v = static_cast<int64_t>(g) * kGroupVectors + u;
-        if (v >= row_vectors) break;
-        const scalar_t* values = reinterpret_cast<const scalar_t*>(&raw[u]);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) hits += element_key(u, j) >= threshold ? 1 : 0;
+      }
+      int inclusive = hits;
+      for (int offset = 1; offset < kLanes; offset <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += up;
+      }
+      const int warp_hits = __shfl_sync(0xffffffffu, inclusive, kLanes - 1);
+      int warp_first = 0;
+      if (lane == kLanes - 1 && warp_hits > 0) warp_first = atomicAdd(&taken, warp_hits);
+      int slot = __shfl_sync(0xffffffffu, warp_first, kLanes - 1) + inclusive - hits;
+      if (hits == 0) continue;
+#pragma unroll
+      for (int u = 0; u < kGroupVectors; ++u) {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const uint32_t key = float_to_key(static_cast<float>(values[j]));
+          const uint32_t key = element_key(u, j);
           if (key >= threshold) {
-            const int slot = atomicAdd(&taken, 1);
-            if (slot < kFilterCapacity) candidates[slot] = composite_key(key, static_cast<uint32_t>(v * kVec + j));
+            if (slot < kFilterCapacity) {
+              const int64_t index = (static_cast<int64_t>(g) * kGroupVectors + u) * kVec + j;
+              candidates[slot] = composite_key(key, static_cast<uint32_t>(index));
+            }
+            ++slot;
           }
         }
       }
@@ -895,7 +966,7 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   // Otherwise count >= k: the k groups with a key >= T each hold an element >= T.
   const int padded = next_pow2(count);
   for (int i = count + threadIdx.x; i < padded; i += blockDim.x) candidates[i] = 0;
-  bitonic_sort(candidates, padded, /*descending=*/true);
+  filter_sort_descending(candidates, padded);
   FILTER_STAMP(7);
   for (int r = threadIdx.x; r < k; r += blockDim.x) {
     const uint64_t entry = candidates[r];
@@ -1038,9 +1109,10 @@ FilterPlan plan_filter(const at::Tensor& logits, int64_t rows, int64_t vocab, in
   int resident = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, filter_topk_kernel<scalar_t>,
                                                                kFilterThreads, 0));
-  // About two waves of resident blocks, so that a row's tail work overlaps other rows' streaming; a split keeps at
-  // least a few vectors per thread.
-  const int64_t wanted = std::max<int64_t>(1, (2 * static_cast<int64_t>(std::max(resident, 1)) * sms + rows - 1) / rows);
+  // About kFilterWaves waves of resident blocks, so that a row's tail work overlaps other rows' streaming; a split
+  // keeps at least a few vectors per thread.
+  const int64_t wanted = std::max<int64_t>(
+      1, (kFilterWaves * static_cast<int64_t>(std::max(resident, 1)) * sms + rows - 1) / rows);
   const int64_t min_groups = std::max<int64_t>(1, kFilterThreads / kGroupVectors);
   const int64_t splits_cap = std::max<int64_t>(1, std::min<int64_t>(kFilterMaxSplits, groups / min_groups));
   int64_t splits = std::min(wanted, splits_cap);
