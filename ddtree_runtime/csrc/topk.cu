@@ -724,14 +724,15 @@ __device__ __forceinline__ void count_in_bin(uint32_t* hist, bool take, uint32_t
 }
 
 // Descending bitonic sort of data[0..n), n a power of two <= kFilterCapacity. Each thread loads all of its
-// compare-exchanges of a step before comparing, so their shared-memory latencies overlap; steps whose pairs stay
-// inside one warp's window of 64 (stride < 32, and the previous step's too) need only a warp barrier.
+// compare-exchanges of a step before comparing, so their shared-memory latencies overlap. A warp's pairs at a stride
+// below 32 stay inside its own windows of 64 elements, so a step needs only a warp barrier when both it and the step
+// before it have a stride below 32.
 __device__ void filter_sort_descending(uint64_t* data, int n) {
   const int pairs = n >> 1;
   int previous_stride = n;  // the candidates were written by every warp
   for (int size = 2; size <= n; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      if (previous_stride >= kLanes) {
+      if (previous_stride >= kLanes || stride >= kLanes) {
         __syncthreads();
       } else {
         __syncwarp();
