@@ -627,8 +627,10 @@ constexpr int kFilterMaxSplits = 64;
 constexpr int kFilterUnroll = DDTREE_FILTER_UNROLL;  // vectors each thread has in flight while streaming
 constexpr int kFilterWaves = DDTREE_FILTER_WAVES;    // blocks per row: about this many waves of resident blocks
 constexpr int kFilterSortPairs = kFilterCapacity / 2 / kFilterThreads;  // compare-exchanges per thread per step
-constexpr int kFilterKeysPerThread = 16;      // group keys each thread of a row's last block holds in registers
-constexpr int kFilterMaxGroups = kFilterKeysPerThread * kFilterThreads;
+constexpr int kFilterMaxGroups = 8192;       // group keys a row's last block holds (in the candidate buffer's room)
+constexpr int kFilterGatherUnroll = 2;        // vectors each thread of the last block has in flight while gathering
+static_assert(kFilterMaxGroups * sizeof(uint32_t) <= kFilterCapacity * sizeof(uint64_t),
+              "the group keys live in the candidate buffer until the gather");
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -764,21 +766,22 @@ __device__ void filter_sort_descending(uint64_t* data, int n) {
 }
 
 // The lower bound T described above: the K-th largest of the row's group keys, with its low 16 bits cleared (two
-// 8-bit radix passes). keys[i] is group i * blockDim.x + threadIdx.x, read once into registers by the caller.
-__device__ uint32_t group_threshold(const uint32_t (&keys)[kFilterKeysPerThread], int groups, int k, uint32_t* hist,
-                                    BinChoice* choice) {
+// 8-bit radix passes over the keys in shared memory). Loops stay rolled here and below: the tail runs once per row
+// and block, so its code is fetched cold, and on an H200 fully unrolled loops made it wait on instruction fetch
+// (about 50 KB of code: threshold 4.5 us, gather 7-13 us for 16 groups).
+__device__ uint32_t group_threshold(const uint32_t* keys, int groups, int k, uint32_t* hist, BinChoice* choice) {
   uint32_t prefix = 0;
   int needed = k;
   for (int pass = 0; pass < 2; ++pass) {
     const int shift = 24 - 8 * pass;
     for (int b = threadIdx.x; b < kBins; b += blockDim.x) hist[b] = 0;
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kFilterKeysPerThread; ++i) {
-      if (i * static_cast<int>(blockDim.x) >= groups) break;  // the same for every thread
-      const bool present = i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x) < groups;
-      const bool take = present && (pass == 0 || (keys[i] >> 24) == (prefix >> 24));
-      count_in_bin(hist, take, (keys[i] >> shift) & (kBins - 1));
+#pragma unroll 1
+    for (int base = 0; base < groups; base += blockDim.x) {  // the same trip count in every lane
+      const int g = base + static_cast<int>(threadIdx.x);
+      const uint32_t key = g < groups ? keys[g] : 0u;
+      const bool take = g < groups && (pass == 0 || (key >> 24) == (prefix >> 24));
+      count_in_bin(hist, take, (key >> shift) & (kBins - 1));
     }
     __syncthreads();
     if (threadIdx.x < 32) choose_bin(hist, kBins, needed, choice);
@@ -796,6 +799,7 @@ __device__ void combine_row_partials(const float2* __restrict__ partials, const 
                                      int64_t row_index, int splits, LogSumExp* total, bool* any_bad) {
   LogSumExp all{-INFINITY, 0.f};
   int bad = 0;
+#pragma unroll 1
   for (int s = threadIdx.x; s < splits; s += kLanes) {
     const float2 part = __ldcg(&partials[row_index * splits + s]);
     all = combine(all, LogSumExp{part.x, part.y});
@@ -864,13 +868,10 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   FILTER_STAMP(2);
   __threadfence();
 
-  // The row's last block. Its group keys, read once (independent loads, one L2 round trip) into registers.
-  uint32_t keys[kFilterKeysPerThread];
-#pragma unroll
-  for (int i = 0; i < kFilterKeysPerThread; ++i) {
-    const int g = i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-    keys[i] = g < groups ? __ldcg(row_group_keys + g) : 0u;
-  }
+  // The row's last block. Its group keys, copied into the candidate buffer's room (free until the gather).
+  uint32_t* const keys = reinterpret_cast<uint32_t*>(candidates);
+#pragma unroll 4
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) keys[g] = __ldcg(row_group_keys + g);
   // The log-normaliser and the bad flag of the whole row.
   if (threadIdx.x < kLanes) {
     LogSumExp all;
@@ -883,6 +884,7 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
       taken = 0;
     }
   }
+  __syncthreads();
   FILTER_STAMP(3);
   const uint32_t threshold = group_threshold(keys, groups, k, hist, &choice);
   FILTER_STAMP(4);
@@ -890,11 +892,10 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
 
   // List the groups that can hold a top-K element (warp-aggregated appends).
   const int lane = threadIdx.x & (kLanes - 1);
-#pragma unroll
-  for (int i = 0; i < kFilterKeysPerThread; ++i) {
-    if (i * static_cast<int>(blockDim.x) >= groups) break;  // the same for every thread
-    const int g = i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-    const bool hit = g < groups && keys[i] >= threshold;
+#pragma unroll 1
+  for (int base = 0; base < groups; base += blockDim.x) {  // the same trip count in every lane
+    const int g = base + static_cast<int>(threadIdx.x);
+    const bool hit = g < groups && keys[g] >= threshold;
     const uint32_t ballot = __ballot_sync(0xffffffffu, hit);
     int first_slot = 0;
     if (lane == 0 && ballot != 0) first_slot = atomicAdd(&listed, __popc(ballot));
@@ -906,49 +907,48 @@ __global__ void __launch_bounds__(kFilterThreads, 2) filter_topk_kernel(
   FILTER_STAMP(5);
   const int group_count = listed;
   if (group_count <= kFilterGroupCapacity) {
-    // Gather: each thread reads whole listed groups (8 independent 16-byte loads in flight), counts its elements
-    // >= T, and a warp scan places them with one shared atomic per warp.
+    // Gather: one 16-byte vector of a listed group per thread and step (group i's vectors are items 8i..8i+7), its
+    // elements >= T counted, and a warp scan places them with one shared atomic per warp.
     const uint4* vrow = reinterpret_cast<const uint4*>(row);
-    for (int base = 0; base < group_count; base += blockDim.x) {  // the same trip count in every lane
-      const bool mine = base + static_cast<int>(threadIdx.x) < group_count;
-      const int g = mine ? group_list[base + threadIdx.x] : 0;
-      uint4 raw[kGroupVectors];
+    const int items = group_count * kGroupVectors;
+    const int step = static_cast<int>(blockDim.x) * kFilterGatherUnroll;
+#pragma unroll 1
+    for (int base = 0; base < items; base += step) {  // the same trip count in every lane
+      uint4 raw[kFilterGatherUnroll];
+      int64_t first_index[kFilterGatherUnroll];
 #pragma unroll
-      for (int u = 0; u < kGroupVectors; ++u) {
-        const int64_t v = static_cast<int64_t>(g) * kGroupVectors + u;
-        raw[u] = mine && v < row_vectors ? __ldg(vrow + v) : make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < kFilterGatherUnroll; ++u) {
+        const int item = base + u * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+        const int64_t v = item < items ? static_cast<int64_t>(group_list[item / kGroupVectors]) * kGroupVectors +
+                                             item % kGroupVectors
+                                       : row_vectors;
+        first_index[u] = v * kVec;
+        raw[u] = v < row_vectors ? __ldg(vrow + v) : make_uint4(0, 0, 0, 0);
       }
-      const auto element_key = [&](int u, int j) -> uint32_t {  // 0 (below T) for elements past the row
-        const int64_t v = static_cast<int64_t>(g) * kGroupVectors + u;
+#pragma unroll
+      for (int u = 0; u < kFilterGatherUnroll; ++u) {
+        const bool present = first_index[u] < row_vectors * kVec;
         const scalar_t* values = reinterpret_cast<const scalar_t*>(&raw[u]);
-        return mine && v < row_vectors ? float_to_key(static_cast<float>(values[j])) : 0u;
-      };
-      int hits = 0;
-#pragma unroll
-      for (int u = 0; u < kGroupVectors; ++u) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) hits += element_key(u, j) >= threshold ? 1 : 0;
-      }
-      int inclusive = hits;
-      for (int offset = 1; offset < kLanes; offset <<= 1) {
-        const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        if (lane >= offset) inclusive += up;
-      }
-      const int warp_hits = __shfl_sync(0xffffffffu, inclusive, kLanes - 1);
-      int warp_first = 0;
-      if (lane == kLanes - 1 && warp_hits > 0) warp_first = atomicAdd(&taken, warp_hits);
-      int slot = __shfl_sync(0xffffffffu, warp_first, kLanes - 1) + inclusive - hits;
-      if (hits == 0) continue;
-#pragma unroll
-      for (int u = 0; u < kGroupVectors; ++u) {
+        int hits = 0;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const uint32_t key = element_key(u, j);
+          hits += present && float_to_key(static_cast<float>(values[j])) >= threshold ? 1 : 0;
+        }
+        int inclusive = hits;
+        for (int offset = 1; offset < kLanes; offset <<= 1) {
+          const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+          if (lane >= offset) inclusive += up;
+        }
+        const int warp_hits = __shfl_sync(0xffffffffu, inclusive, kLanes - 1);
+        int warp_first = 0;
+        if (lane == kLanes - 1 && warp_hits > 0) warp_first = atomicAdd(&taken, warp_hits);
+        int slot = __shfl_sync(0xffffffffu, warp_first, kLanes - 1) + inclusive - hits;
+        if (hits == 0) continue;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const uint32_t key = float_to_key(static_cast<float>(values[j]));
           if (key >= threshold) {
-            if (slot < kFilterCapacity) {
-              const int64_t index = (static_cast<int64_t>(g) * kGroupVectors + u) * kVec + j;
-              candidates[slot] = composite_key(key, static_cast<uint32_t>(index));
-            }
+            if (slot < kFilterCapacity) candidates[slot] = composite_key(key, static_cast<uint32_t>(first_index[u] + j));
             ++slot;
           }
         }

@@ -8,7 +8,7 @@ K-th value are then all ``>= T`` too. The kernel lists the groups whose key is `
 ``GROUP_CAPACITY``), gathers their elements ``>= T`` (at most ``CANDIDATE_CAPACITY``) and sorts them by
 (value desc, token id asc). A row that overflows either buffer goes to the whole-row kernel. Rows that are not
 16-byte aligned, or that have fewer than K groups or more than ``MAX_GROUPS`` (the group keys the last block of a
-row holds in registers), never take this path.
+row holds in shared memory), never take this path.
 
 :func:`filter_row` runs these steps on one row and says which way the kernel goes. The tests use it to check the
 argument and the capacities on CPU; the GPU tests hold the kernel to :func:`ddtree_runtime.tree.ranked_topk`.
@@ -36,7 +36,7 @@ __all__ = [
 GROUP_VECTORS = 8  # kGroupVectors
 CANDIDATE_CAPACITY = 4096  # kFilterCapacity
 GROUP_CAPACITY = 2048  # kFilterGroupCapacity
-MAX_GROUPS = 16 * 512  # kFilterKeysPerThread * kFilterThreads
+MAX_GROUPS = 8192  # kFilterMaxGroups
 VECTOR_BYTES = 16
 
 Path = Literal["filter", "whole_row", "ineligible"]

@@ -57,7 +57,7 @@ def test_the_model_uses_the_kernels_constants():
     assert kernel_constant("kGroupVectors") == topk_filter.GROUP_VECTORS
     assert kernel_constant("kFilterCapacity") == topk_filter.CANDIDATE_CAPACITY
     assert kernel_constant("kFilterGroupCapacity") == topk_filter.GROUP_CAPACITY
-    assert kernel_constant("kFilterKeysPerThread") * kernel_constant("kFilterThreads") == topk_filter.MAX_GROUPS
+    assert kernel_constant("kFilterMaxGroups") == topk_filter.MAX_GROUPS
 
 
 def test_order_keys_order_floats_as_torch_compares_them():
@@ -108,7 +108,7 @@ def test_rows_the_filter_cannot_take_are_left_to_the_earlier_kernels():
     assert topk_filter.filter_row(torch.zeros(65535, dtype=torch.bfloat16), 16).path == "ineligible"
     assert topk_filter.filter_row(torch.zeros(65528, dtype=torch.bfloat16), 1024).path != "ineligible"  # 1024 groups
     assert topk_filter.filter_row(torch.zeros(65472, dtype=torch.bfloat16), 1024).path == "ineligible"  # 1023
-    # More groups than the last block holds in registers: a float32 row of 8193 groups.
+    # More groups than the last block holds: a float32 row of 8193 groups.
     assert topk_filter.filter_row(torch.zeros(8192 * 32, dtype=torch.float32), 16).path != "ineligible"
     assert topk_filter.filter_row(torch.zeros(8193 * 32, dtype=torch.float32), 16).path == "ineligible"
     assert topk_filter.group_elements(torch.float32) == 32 and topk_filter.group_elements(torch.bfloat16) == 64
