@@ -21,7 +21,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include "common.cuh"
 
@@ -1140,6 +1143,37 @@ void launch_filtered(const at::Tensor& logits, int64_t rows, int64_t vocab, int 
   launch_whole_rows<scalar_t>(logits, rows, vocab, k, sms, log_probs, ids, invalid_rows, stream, fallback_rows);
 }
 
+enum class TopkPath { kFilter, kChunked, kWholeRows };
+
+// DDTREE_TOPK_PATH=filter|chunked|whole forces a path (benchmarks and diagnosis) where it applies to the logits;
+// unset, empty or "auto" leaves the choice to choose_topk_path. Read on every call (host side only, so a CUDA
+// graph keeps the path it was captured with).
+std::optional<TopkPath> forced_topk_path() {
+  const char* value = std::getenv("DDTREE_TOPK_PATH");
+  if (value == nullptr || *value == '\0' || std::string(value) == "auto") return std::nullopt;
+  const std::string name(value);
+  if (name == "filter") return TopkPath::kFilter;
+  if (name == "chunked") return TopkPath::kChunked;
+  if (name == "whole") return TopkPath::kWholeRows;
+  TORCH_CHECK(false, "DDTREE_TOPK_PATH must be auto, filter, chunked or whole, not '", name, "'");
+}
+
+// The filter path reads every row once, so it wins from a few rows up; but with very few rows and a large k its
+// once-per-row tail (threshold, gather and sort of >= k candidates in one block) outlasts the chunked path, whose
+// selection is spread over the chunk blocks (H100, V = 248320, 15 rows, k = 1024: 94 vs 65 us; at 60 rows the
+// filter path wins again, 104 vs 148 us; docs/benchmarks.md).
+constexpr int64_t kChunkedPreferredMinK = 512;
+
+TopkPath choose_topk_path(bool filter_applies, bool chunked_applies, int64_t rows, int64_t k, int sms) {
+  const std::optional<TopkPath> forced = forced_topk_path();
+  if (forced == TopkPath::kFilter && filter_applies) return TopkPath::kFilter;
+  if (forced == TopkPath::kChunked && chunked_applies) return TopkPath::kChunked;
+  if (forced == TopkPath::kWholeRows) return TopkPath::kWholeRows;
+  const bool few_rows_large_k = 4 * rows <= sms && k >= kChunkedPreferredMinK;
+  if (filter_applies && !(few_rows_large_k && chunked_applies)) return TopkPath::kFilter;
+  return chunked_applies ? TopkPath::kChunked : TopkPath::kWholeRows;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_log_probs_cuda(const at::Tensor& logits, int64_t k) {
@@ -1161,19 +1195,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_log_probs_cuda(const at::Ten
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, contiguous.scalar_type(), "ddtree_topk_log_probs", [&] {
       TORCH_CHECK(contiguous.scalar_type() != at::kDouble, "float64 logits are not supported");
       if constexpr (!std::is_same_v<scalar_t, double>) {
-        // The chunked path wins while rows are fewer than SMs (batch 1 on an H200: 34 vs 57 us at k = 16); with
-        // many rows its per-chunk selection passes cost more than the whole-row kernel (batch 16: 229 vs 173 us).
+        // The chunked path applies while rows are fewer than SMs (with many rows its per-chunk selection passes
+        // cost more than the whole-row kernel: batch 16 on an H200, 229 vs 173 us).
         const FilterPlan filter = plan_filter<scalar_t>(contiguous, rows, vocab, k, sms);
-        const ChunkPlan plan = filter.groups == 0 && rows < sms
+        const ChunkPlan plan = rows < sms
                                    ? plan_chunks(vocab, k, chunk_smem_limits<scalar_t>(logits.device().index()))
                                    : ChunkPlan{0, 0};
-        if (filter.groups > 0) {
-          launch_filtered<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), filter, sms, log_probs, ids,
-                                    invalid_rows, stream);
-        } else if (plan.chunk > 0) {
-          launch_chunked<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), plan, log_probs, ids, invalid_rows, stream);
-        } else {
-          launch_whole_rows<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), sms, log_probs, ids, invalid_rows, stream);
+        switch (choose_topk_path(filter.groups > 0, plan.chunk > 0, rows, k, sms)) {
+          case TopkPath::kFilter:
+            launch_filtered<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), filter, sms, log_probs, ids,
+                                      invalid_rows, stream);
+            break;
+          case TopkPath::kChunked:
+            launch_chunked<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), plan, log_probs, ids, invalid_rows,
+                                     stream);
+            break;
+          case TopkPath::kWholeRows:
+            launch_whole_rows<scalar_t>(contiguous, rows, vocab, static_cast<int>(k), sms, log_probs, ids,
+                                        invalid_rows, stream);
+            break;
         }
       }
     });

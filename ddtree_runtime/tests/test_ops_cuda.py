@@ -105,6 +105,26 @@ def test_topk_with_more_rows_than_multiprocessors(vocab):
         check_topk(logits.to(torch.bfloat16), k)
 
 
+@pytest.mark.parametrize("path", ["filter", "chunked", "whole"])
+def test_topk_is_the_same_on_every_forced_path(monkeypatch, path):
+    # Batch 1 at the user's vocabulary: k = 1024 takes the chunked path by default, k = 16 the filter path; each
+    # forced path gives the same exact top-K (ties across chunk and group borders, a masked tail).
+    monkeypatch.setenv("DDTREE_TOPK_PATH", path)
+    generator = torch.Generator().manual_seed(15)
+    logits = torch.randn(1, 15, USER_VOCAB, generator=generator) * 3
+    logits[0, 3] = torch.round(logits[0, 3])
+    logits[0, 4, 200000:] = float("-inf")
+    logits[0, 5, 8000:9000] = 9.0
+    for k in (16, 512, 1024):
+        check_topk(logits.to(torch.bfloat16), k)
+
+
+def test_an_unknown_forced_topk_path_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("DDTREE_TOPK_PATH", "fastest")
+    with pytest.raises(RuntimeError, match="DDTREE_TOPK_PATH must be auto, filter, chunked or whole, not 'fastest'"):
+        ops.topk_log_probs(torch.zeros(1, 1, 64, device=CUDA), 4)
+
+
 def test_topk_flags_a_bad_value_in_any_part_of_a_split_row():
     logits = torch.zeros(1, 2, 151936, device=CUDA, dtype=torch.bfloat16)
     assert ops.topk_log_probs(logits, 8).invalid.tolist() == [False]
@@ -318,6 +338,15 @@ def test_rows_the_threshold_path_cannot_order_take_the_pop_loop_per_request():
     lp[1, 2] = lp[1, 2].flip(0)  # increasing: request 1 pops sequentially, requests 0 and 2 take the threshold
     lp[2, 0, :5] = 0.0  # ties at zero are still sorted rows
     assert_tree_equal(lp, ids, [128, 100, 128], 128)
+
+
+@pytest.mark.parametrize("style", ["random", "ties", "minus_inf"])
+def test_pop_loops_in_registers_and_in_shared_memory_give_the_heap_order(style):
+    # Rows that are not sorted keep every request on the pop loop: budgets up to 128 keep the frontier in
+    # registers, larger ones in shared memory; rounded logits make exact score ties across frontier slots.
+    lp, ids = topk_arrays(8, 15, 400, 256, seed=31, style=style)
+    lp[:, :, :] = lp.flip(2)  # increasing rows: no request can take the threshold path
+    assert_tree_equal(lp, ids, [1, 2, 33, 127, 128, 129, 200, 256], 256)
 
 
 # --- the SGLang worker's round on the kernels ------------------------------------------------------------------

@@ -8,7 +8,9 @@ per kernel, timed with CUDA events (eager) and as one CUDA-graph replay. Logits 
 boosted token per depth (a confident drafter: deep trees), at the user's vocabulary (Qwen3.6, 248320) and Qwen3's
 (151936) by default. The top-K's bandwidth is the logits' bytes over its time; beside it, the same bytes read by
 ``torch.amax`` over the last dim, a memory-bound floor measured on the same tensor, and one row's ``amax`` as a
-graph replay (the latency floor of a single-row read).
+graph replay (the latency floor of a single-row read). A one-call graph's replay is bound by the host's launch
+cost, so the round, the top-K and the one-row read are also timed per call in a graph of ten calls (GPU time).
+``--compare-topk-paths`` times the top-K with the filter and the chunked path forced, where both apply.
 
     python -m ddtree_runtime.bench.kernels --batches 1,4,16,48 --json kernels.json
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import time
@@ -28,6 +31,7 @@ from ddtree_runtime import ops
 from ddtree_runtime.tree import build_tree
 
 CUDA = torch.device("cuda")
+GRAPH_CALLS = 10
 
 
 def make_logits(batch: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
@@ -63,7 +67,9 @@ def event_us(fn: Callable[[], object], iterations: int) -> float:
     return start.elapsed_time(end) * 1e3 / iterations
 
 
-def graph_us(fn: Callable[[], object], iterations: int) -> float:
+def graph_us(fn: Callable[[], object], iterations: int, calls: int = 1) -> float:
+    """Time per call of ``fn`` captured ``calls`` times in one CUDA graph. With one call a small graph's replay is
+    bound by the host's launch (~10 us on the H100 here); with several, the GPU's own time per call shows."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -71,8 +77,25 @@ def graph_us(fn: Callable[[], object], iterations: int) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return event_us(graph.replay, iterations)
+        for _unused in range(calls):
+            fn()
+    return event_us(graph.replay, iterations) / calls
+
+
+TOPK_PATH_ENV = "DDTREE_TOPK_PATH"
+
+
+def forced_path_graph_us(path: str, fn: Callable[[], object], iterations: int, calls: int) -> float:
+    """``graph_us`` with the extension's top-K path forced (DDTREE_TOPK_PATH, read at each launch)."""
+    saved = os.environ.get(TOPK_PATH_ENV)
+    os.environ[TOPK_PATH_ENV] = path
+    try:
+        return graph_us(fn, iterations, calls)
+    finally:
+        if saved is None:
+            del os.environ[TOPK_PATH_ENV]
+        else:
+            os.environ[TOPK_PATH_ENV] = saved
 
 
 def kernel_us(fn: Callable[[], object], iterations: int) -> dict[str, float]:
@@ -157,8 +180,18 @@ def measure(vocab: int, batch: int, budget: int, args: argparse.Namespace) -> di
         # One row's read, as a graph replay: the latency floor that a top-K at batch 1 is compared with.
         "row_floor_graph_us": graph_us(lambda: torch.amax(logits[0, 0], dim=-1), args.iterations),
         "topk_graph_us": graph_us(lambda: ops.topk_log_probs(logits, top.ids.shape[2]), args.iterations),
+        # The same three with GRAPH_CALLS calls per graph: GPU time per call, without the host's replay cost.
+        "ours_graph_calls_us": graph_us(ours, args.iterations, GRAPH_CALLS),
+        "row_floor_graph_calls_us": graph_us(lambda: torch.amax(logits[0, 0], dim=-1), args.iterations, GRAPH_CALLS),
+        "topk_graph_calls_us": graph_us(lambda: ops.topk_log_probs(logits, top.ids.shape[2]), args.iterations,
+                                        GRAPH_CALLS),
         "logits_bytes": logits_bytes,
     }
+    # The chunked path exists only for fewer rows than SMs (elsewhere forcing it would time the automatic choice).
+    if args.compare_topk_paths and batch * args.depth < torch.cuda.get_device_properties(CUDA).multi_processor_count:
+        for path in ("filter", "chunked"):
+            result[f"topk_graph_calls_{path}_us"] = forced_path_graph_us(
+                path, lambda: ops.topk_log_probs(logits, top.ids.shape[2]), args.iterations, GRAPH_CALLS)
     result["topk_tb_s"] = terabytes_per_second(logits_bytes, result["topk_us"])
     result["read_floor_tb_s"] = terabytes_per_second(logits_bytes, result["read_floor_us"])
     if args.kernel_times:
@@ -179,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seq-len", type=int, default=1024, help="committed length for the flat-mask timing")
     p.add_argument("--spin-up", type=float, default=0.3, help="seconds of matmuls before each kernel timing")
     p.add_argument("--kernel-times", action="store_true", help="also profile each kernel's GPU time per call")
+    p.add_argument("--compare-topk-paths", action="store_true",
+                   help="also time the top-K with the filter and the chunked path forced (where each applies)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and ops.extension_available()):
@@ -188,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     header = ("| V | batch | budget | reference us | ours us (eager) | ours us (graph) | speedup (eager / graph) | "
               "top-K us | top-K TB/s | top-K graph us | amax floor us (TB/s) | "
               "one-row amax graph us | tree us | verify inputs us | + flat mask us | "
-              "one-kernel graph us | SM MHz |")
+              "one-kernel graph us | SM MHz | per call in a 10-call graph: ours / top-K / one-row amax us |")
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"L={args.depth} bf16")
     print(header)
@@ -200,7 +235,13 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['read_floor_us']:.1f} ({r['read_floor_tb_s']:.2f}) | "
               f"{r['row_floor_graph_us']:.1f} | {r['tree_us']:.1f} | "
               f"{r['verify_inputs_us']:.1f} | {r['flat_mask_us']:.1f} | "
-              f"{r['empty_graph_kernel_us']:.1f} | {r['sm_clock_mhz_before']}/{r['sm_clock_mhz_after']} |")
+              f"{r['empty_graph_kernel_us']:.1f} | {r['sm_clock_mhz_before']}/{r['sm_clock_mhz_after']} | "
+              f"{r['ours_graph_calls_us']:.1f} / {r['topk_graph_calls_us']:.1f} / "
+              f"{r['row_floor_graph_calls_us']:.1f} |")
+    for r in rows:
+        if "topk_graph_calls_filter_us" in r:
+            print(f"V {r['vocab']} batch {r['batch']} k {r['budget']} top-K per call (10-call graph): "
+                  f"filter {r['topk_graph_calls_filter_us']:.1f} us, chunked {r['topk_graph_calls_chunked_us']:.1f} us")
     for r in rows:
         if "kernel_us" in r:
             kernels = ", ".join(f"{name} {us:.1f}" for name, us in r["kernel_us"].items())  # type: ignore[union-attr]
