@@ -1160,16 +1160,17 @@ std::optional<TopkPath> forced_topk_path() {
 
 // The filter path reads every row once, so it wins from a few rows up; but with very few rows and a large k its
 // once-per-row tail (threshold, gather and sort of >= k candidates in one block) outlasts the chunked path, whose
-// selection is spread over the chunk blocks (H100, V = 248320, 15 rows, k = 1024: 94 vs 65 us; at 60 rows the
-// filter path wins again, 104 vs 148 us; docs/benchmarks.md).
-constexpr int64_t kChunkedPreferredMinK = 512;
+// selection is spread over the chunk blocks. H100, GPU time per call (docs/benchmarks.md): 15 rows, k = 1024,
+// filter 85 vs chunked 58 us (V = 248320) and 83 vs 52 (V = 151936); 30 rows, k = 1024: 87 vs 89 and 84 vs 63;
+// 30 rows, k = 512: the filter wins (65 vs 77 us), as it does at 60 rows and k = 1024 (94 vs 143 us).
+constexpr int64_t kChunkedPreferredAboveK = 512;
 
 TopkPath choose_topk_path(bool filter_applies, bool chunked_applies, int64_t rows, int64_t k, int sms) {
   const std::optional<TopkPath> forced = forced_topk_path();
   if (forced == TopkPath::kFilter && filter_applies) return TopkPath::kFilter;
   if (forced == TopkPath::kChunked && chunked_applies) return TopkPath::kChunked;
   if (forced == TopkPath::kWholeRows) return TopkPath::kWholeRows;
-  const bool few_rows_large_k = 4 * rows <= sms && k >= kChunkedPreferredMinK;
+  const bool few_rows_large_k = 4 * rows <= sms && k > kChunkedPreferredAboveK;
   if (filter_applies && !(few_rows_large_k && chunked_applies)) return TopkPath::kFilter;
   return chunked_applies ? TopkPath::kChunked : TopkPath::kWholeRows;
 }

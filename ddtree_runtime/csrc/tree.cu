@@ -4,14 +4,12 @@
 // the whole block and sorts it; it runs when every row is nonincreasing and <= 0 and the kept set fits the
 // shared memory. Otherwise the sequential pop loop below runs.
 //
-// The pop loop runs in one warp. The frontier is a set of slots of (64-bit score key, packed
+// The pop loop runs in one warp. The frontier lives in shared memory as slots of (64-bit score key, packed
 // parent/depth/rank); lane l owns slots l, l + 32, ... and keeps the best of them in registers. A pop is a
 // warp arg-max of the lanes' bests on the score key (two __reduce_max_sync), with the rank path consulted
 // only when scores tie exactly; the winning lane then rescans its own slots. A pop's first push reuses the
-// popped slot and the second is appended, so at most `budget` slots exist. The order (float64 score desc,
-// rank path asc) equals the Python heap's pop order exactly. Budgets up to kRegisterLoopMaxBudget keep the
-// slots (and each slot's parent score) in registers, kRegisterSlots per lane: a pop then touches shared memory
-// only for the log-probs it adds and the node it records. Larger budgets keep the slots in shared memory.
+// popped slot and the second is appended, so at most budget + 1 slots exist. The order (float64 score desc,
+// rank path asc) equals the Python heap's pop order exactly.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -149,110 +147,15 @@ __device__ __forceinline__ void rescan_own_slots(int lane, int slot_count, const
   }
 }
 
-// The warp's next pop: the largest of the lanes' best keys (0: the frontier is empty), exact ties decided by
-// rank path. `entry` is each lane's best entry; the result names the lane that holds the winner.
-struct WarpPop {
-  uint64_t key;
-  int lane;
-  uint32_t entry;
-};
-
-__device__ __forceinline__ WarpPop warp_pop(uint64_t key, uint32_t entry, const uint64_t* __restrict__ node_path) {
-  const uint32_t hi = __reduce_max_sync(kFullWarp, static_cast<uint32_t>(key >> 32));
-  const uint32_t lo =
-      __reduce_max_sync(kFullWarp, static_cast<uint32_t>(key >> 32) == hi ? static_cast<uint32_t>(key) : 0u);
-  WarpPop pop{(static_cast<uint64_t>(hi) << 32) | lo, 0, 0};
-  if (pop.key == 0) return pop;
-  uint32_t tied = __ballot_sync(kFullWarp, key == pop.key);
-  pop.lane = __ffs(tied) - 1;
-  pop.entry = __shfl_sync(kFullWarp, entry, pop.lane);
-  for (tied &= tied - 1; tied != 0; tied &= tied - 1) {  // exact score ties across lanes: rank paths decide
-    const int other = __ffs(tied) - 1;
-    const uint32_t other_entry = __shfl_sync(kFullWarp, entry, other);
-    if (path_less(other_entry, pop.entry, node_path)) {
-      pop.lane = other;
-      pop.entry = other_entry;
-    }
-  }
-  return pop;
-}
-
-// What popping `entry` (score key `key`, its parent's score `parent_score`) as node `node` pushes. The popped
-// slot takes the next sibling, else the first child, else becomes empty (key 0); with both, the child is
-// appended as a new slot. Each push carries its parent's score, from which its own key was summed.
-struct Pushes {
-  double score;  // the popped node's
-  uint64_t first_key;
-  uint32_t first_entry;
-  double first_parent_score;
-  uint64_t child_key;
-  uint32_t child_entry;
-  bool append;
-};
-
-__device__ __forceinline__ Pushes pushes_of_pop(uint64_t key, uint32_t entry, double parent_score, int node,
-                                                int budget, int k, int depth_limit, int k_max,
-                                                const float* __restrict__ lp) {
-  const int parent = entry_parent(entry), depth = entry_depth(entry), rank = entry_rank(entry);
-  Pushes p{};
-  p.score = key_score(key);
-  const bool more = node < budget;  // pushes of the last pop could never be popped
-  const bool has_sibling = more && rank + 1 < k;
-  const bool has_child = more && depth < depth_limit;
-  if (has_child) {
-    p.child_key = score_key(p.score + static_cast<double>(lp[depth * k_max]));
-    p.child_entry = pack_entry(node, depth + 1, 0);
-  }
-  if (has_sibling) {
-    // From the parent's score, never logw - lp[r] + lp[r + 1]: -inf must not turn into NaN.
-    p.first_key = score_key(parent_score + static_cast<double>(lp[(depth - 1) * k_max + rank + 1]));
-    p.first_entry = pack_entry(parent, depth, rank + 1);
-    p.first_parent_score = parent_score;
-  } else if (has_child) {
-    p.first_key = p.child_key;
-    p.first_entry = p.child_entry;
-    p.first_parent_score = p.score;
-  }
-  p.append = has_sibling && has_child;
-  return p;
-}
-
-// Lanes below kPathWords: word `lane` of the rank path of the node that `entry` becomes.
-__device__ __forceinline__ uint64_t popped_path_word(uint32_t entry, int lane, const uint64_t* __restrict__ node_path) {
-  return lane < kPathWords ? node_path[entry_parent(entry) * kPathWords + lane] |
-                                 level_bits(lane, entry_depth(entry) - 1, entry_rank(entry) + 1)
-                           : 0;
-}
-
-// Records node `node` (popped at `step` from `entry`); lanes below kPathWords write its rank path words.
-__device__ __forceinline__ void record_node(const TreeSmem& s, int lane, int step, uint32_t entry, double score,
-                                            uint64_t path_word) {
-  const int node = step + 1;
-  if (lane == 0) {
-    s.node_score[node] = score;
-    s.node_parent[node] = entry_parent(entry);
-    s.node_depth_rank[step] = (entry_depth(entry) << 16) | entry_rank(entry);
-  }
-  if (lane < kPathWords) s.node_path[node * kPathWords + lane] = path_word;
-}
-
-__device__ __forceinline__ void start_pops(const TreeSmem& s, int lane) {
-  if (lane < kPathWords) s.node_path[lane] = 0;
-  if (lane == 0) s.node_score[0] = 0.0;
-}
-
-__device__ __forceinline__ bool frontier_starts(int budget, int depth_limit, int k_max) {
-  return budget > 0 && depth_limit > 0 && k_max > 0;
-}
-
-// Warp 0, slots in shared memory (any budget). Returns the number of nodes popped (same value in every lane).
+// Warp 0: the pops. Returns the number of nodes popped (same value in every lane).
 __device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, int k_max) {
   const int lane = threadIdx.x;
   uint64_t best_key = 0;
   int best_slot = -1;
   int slot_count = 0;
-  start_pops(s, lane);
-  if (frontier_starts(budget, depth_limit, k_max)) {
+  if (lane < kPathWords) s.node_path[lane] = 0;
+  if (lane == 0) s.node_score[0] = 0.0;
+  if (budget > 0 && depth_limit > 0 && k_max > 0) {
     slot_count = 1;
     if (lane == 0) {
       best_key = score_key(0.0 + static_cast<double>(s.lp[0]));
@@ -264,128 +167,72 @@ __device__ int pop_loop(const TreeSmem& s, int budget, int k, int depth_limit, i
   __syncwarp();
   int count = 0;
   for (int step = 0; step < budget; ++step) {
-    const WarpPop pop = warp_pop(best_key, best_slot >= 0 ? s.slot_entry[best_slot] : 0u, s.node_path);
-    if (pop.key == 0) break;  // the frontier ran dry (tiny vocabulary and depth)
-    const int slot = __shfl_sync(kFullWarp, best_slot, pop.lane);
+    const uint32_t hi = __reduce_max_sync(kFullWarp, static_cast<uint32_t>(best_key >> 32));
+    const uint32_t lo =
+        __reduce_max_sync(kFullWarp, static_cast<uint32_t>(best_key >> 32) == hi ? static_cast<uint32_t>(best_key) : 0u);
+    const uint64_t top = (static_cast<uint64_t>(hi) << 32) | lo;
+    if (top == 0) break;  // the frontier ran dry (tiny vocabulary and depth)
+    uint32_t tied = __ballot_sync(kFullWarp, best_key == top);
+    int winner = __ffs(tied) - 1;
+    int slot = __shfl_sync(kFullWarp, best_slot, winner);
+    for (tied &= tied - 1; tied != 0; tied &= tied - 1) {  // exact score ties across lanes: rank paths decide
+      const int other = __ffs(tied) - 1;
+      const int other_slot = __shfl_sync(kFullWarp, best_slot, other);
+      if (path_less(s.slot_entry[other_slot], s.slot_entry[slot], s.node_path)) {
+        winner = other;
+        slot = other_slot;
+      }
+    }
+    const uint32_t entry = s.slot_entry[slot];
+    const int parent = entry_parent(entry), depth = entry_depth(entry), rank = entry_rank(entry);
+    const double score = key_score(top);
     const int node = step + 1;
     count = node;
+    const bool more = node < budget;  // pushes of the last pop could never be popped
+    const bool has_sibling = more && rank + 1 < k;
+    const bool has_child = more && depth < depth_limit;
     // Every read of this pop happens before the __syncwarp below, every write after it.
-    const Pushes p = pushes_of_pop(pop.key, pop.entry, s.node_score[entry_parent(pop.entry)], node, budget, k,
-                                   depth_limit, k_max, s.lp);
-    const uint64_t path_word = popped_path_word(pop.entry, lane, s.node_path);
-    __syncwarp();
-    record_node(s, lane, step, pop.entry, p.score, path_word);
-    if (lane == pop.lane) {
-      s.slot_key[slot] = p.first_key;
-      s.slot_entry[slot] = p.first_entry;
+    const uint64_t path_word =
+        lane < kPathWords ? s.node_path[parent * kPathWords + lane] | level_bits(lane, depth - 1, rank + 1) : 0;
+    uint64_t first_key = 0;
+    uint32_t first_entry = 0;
+    uint64_t child_key = 0;
+    if (has_child) child_key = score_key(score + static_cast<double>(s.lp[depth * k_max]));
+    if (has_sibling) {
+      // From the parent's score, never logw - lp[r] + lp[r + 1]: -inf must not turn into NaN.
+      first_key = score_key(s.node_score[parent] + static_cast<double>(s.lp[(depth - 1) * k_max + rank + 1]));
+      first_entry = pack_entry(parent, depth, rank + 1);
+    } else if (has_child) {
+      first_key = child_key;
+      first_entry = pack_entry(node, depth + 1, 0);
     }
+    __syncwarp();
+    if (lane == 0) {
+      s.node_score[node] = score;
+      s.node_parent[node] = parent;
+      s.node_depth_rank[step] = (depth << 16) | rank;
+    }
+    if (lane < kPathWords) s.node_path[node * kPathWords + lane] = path_word;
+    if (lane == winner) {
+      s.slot_key[slot] = first_key;
+      s.slot_entry[slot] = first_entry;
+    }
+    const bool append = has_sibling && has_child;
     const int appended = slot_count;
-    if (p.append) {
+    if (append) {
       ++slot_count;
       if (lane == (appended & 31)) {
-        s.slot_key[appended] = p.child_key;
-        s.slot_entry[appended] = p.child_entry;
+        s.slot_key[appended] = child_key;
+        s.slot_entry[appended] = pack_entry(node, depth + 1, 0);
       }
     }
     __syncwarp();
-    if (lane == pop.lane) {
+    if (lane == winner) {
       rescan_own_slots(lane, slot_count, s, best_key, best_slot);
-    } else if (p.append && lane == (appended & 31)) {
+    } else if (append && lane == (appended & 31)) {
       consider_slot(appended, s, best_key, best_slot);
     }
     __syncwarp();
-  }
-  return count;
-}
-
-constexpr int kRegisterSlots = 4;  // frontier slots per lane of the register loop
-// Slots never exceed the budget (the first slot plus one append per pop but the last), so budgets up to
-// 32 * kRegisterSlots fit the lanes' registers.
-constexpr int kRegisterLoopMaxBudget = 32 * kRegisterSlots;
-
-// One lane's frontier slots (lane l holds slots l, l + 32, ...) and the best of them. A slot's parent score
-// travels with it, so that a sibling's key needs no shared-memory read.
-struct LaneSlots {
-  uint64_t key[kRegisterSlots];
-  uint32_t entry[kRegisterSlots];
-  double parent_score[kRegisterSlots];
-  uint64_t best_key;  // 0: no slot
-  int best;
-  uint32_t best_entry;
-  double best_parent_score;
-};
-
-// Register indices are compile-time only, so a slot index selects its register by predicated moves.
-__device__ __forceinline__ void set_slot(LaneSlots& l, int index, uint64_t key, uint32_t entry, double parent_score) {
-#pragma unroll
-  for (int r = 0; r < kRegisterSlots; ++r) {
-    const bool here = r == index;
-    l.key[r] = here ? key : l.key[r];
-    l.entry[r] = here ? entry : l.entry[r];
-    l.parent_score[r] = here ? parent_score : l.parent_score[r];
-  }
-}
-
-// The lane's best vs one candidate slot (key desc, then rank path asc).
-__device__ __forceinline__ void consider_candidate(LaneSlots& l, int r, uint64_t key, uint32_t entry, double parent_score,
-                                                   const uint64_t* __restrict__ node_path) {
-  if (key > l.best_key || (key == l.best_key && key != 0 && path_less(entry, l.best_entry, node_path))) {
-    l.best_key = key;
-    l.best = r;
-    l.best_entry = entry;
-    l.best_parent_score = parent_score;
-  }
-}
-
-__device__ __forceinline__ void rescan_registers(LaneSlots& l, const uint64_t* __restrict__ node_path) {
-  l.best_key = 0;
-  l.best = -1;
-#pragma unroll
-  for (int r = 0; r < kRegisterSlots; ++r) consider_candidate(l, r, l.key[r], l.entry[r], l.parent_score[r], node_path);
-}
-
-// Warp 0, slots in registers (budget <= kRegisterLoopMaxBudget): the same pops as pop_loop.
-__device__ int pop_loop_registers(const TreeSmem& s, int budget, int k, int depth_limit, int k_max) {
-  const int lane = threadIdx.x;
-  LaneSlots l;
-#pragma unroll
-  for (int r = 0; r < kRegisterSlots; ++r) set_slot(l, r, 0, 0, 0.0);
-  l.best_key = 0;
-  l.best = -1;
-  l.best_entry = 0;
-  l.best_parent_score = 0.0;
-  start_pops(s, lane);
-  int slot_count = 0;
-  if (frontier_starts(budget, depth_limit, k_max)) {
-    slot_count = 1;
-    if (lane == 0) {
-      set_slot(l, 0, score_key(0.0 + static_cast<double>(s.lp[0])), pack_entry(0, 1, 0), 0.0);
-      rescan_registers(l, s.node_path);
-    }
-  }
-  __syncwarp();
-  int count = 0;
-  for (int step = 0; step < budget; ++step) {
-    const WarpPop pop = warp_pop(l.best_key, l.best_entry, s.node_path);
-    if (pop.key == 0) break;  // the frontier ran dry (tiny vocabulary and depth)
-    const double parent_score = __shfl_sync(kFullWarp, l.best_parent_score, pop.lane);
-    const int node = step + 1;
-    count = node;
-    const Pushes p = pushes_of_pop(pop.key, pop.entry, parent_score, node, budget, k, depth_limit, k_max, s.lp);
-    // This pop reads rank paths of earlier nodes only and writes the new node's: no barrier between them.
-    record_node(s, lane, step, pop.entry, p.score, popped_path_word(pop.entry, lane, s.node_path));
-    if (lane == pop.lane) set_slot(l, l.best, p.first_key, p.first_entry, p.first_parent_score);
-    const int appended = slot_count;
-    if (p.append) {
-      ++slot_count;
-      if (lane == (appended & 31)) set_slot(l, appended >> 5, p.child_key, p.child_entry, p.score);
-    }
-    __syncwarp();  // the new node's path is visible to the tie checks below and to the next pops
-    if (lane == pop.lane) {
-      rescan_registers(l, s.node_path);
-    } else if (p.append && lane == (appended & 31)) {
-      consider_candidate(l, appended >> 5, p.child_key, p.child_entry, p.score, s.node_path);
-    }
   }
   return count;
 }
@@ -457,9 +304,7 @@ __device__ void write_sequential_tree(const TreeSmem& s, int count, const int64_
   if (threadIdx.x == 0) out.num_nodes[request] = count;
 }
 
-// One block per SM is all that the shared memory allows at large budgets; declaring it lets ptxas give the register
-// frontier the registers it needs (with the default bound it capped the kernel at 64 and spilled the slots).
-__global__ void __launch_bounds__(kThreads, 1) build_tree_kernel(
+__global__ void __launch_bounds__(kThreads) build_tree_kernel(
     const float* __restrict__ log_probs, const int64_t* __restrict__ top_ids, const int64_t* __restrict__ budgets,
     int depth_limit, int k_max, int max_budget, int capacity, bool stage_table, TreeOutputs out) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -494,8 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_tree_kernel(
   }
   const TreeSmem s = carve(region, max_budget, lp);
   if (threadIdx.x < 32) {
-    const int count = budget <= kRegisterLoopMaxBudget ? pop_loop_registers(s, budget, k, depth_limit, k_max)
-                                                       : pop_loop(s, budget, k, depth_limit, k_max);
+    const int count = pop_loop(s, budget, k, depth_limit, k_max);
     if (threadIdx.x == 0) popped = count;
   }
   __syncthreads();

@@ -341,9 +341,9 @@ def test_rows_the_threshold_path_cannot_order_take_the_pop_loop_per_request():
 
 
 @pytest.mark.parametrize("style", ["random", "ties", "minus_inf"])
-def test_pop_loops_in_registers_and_in_shared_memory_give_the_heap_order(style):
-    # Rows that are not sorted keep every request on the pop loop: budgets up to 128 keep the frontier in
-    # registers, larger ones in shared memory; rounded logits make exact score ties across frontier slots.
+def test_the_pop_loop_gives_the_heap_order_on_rows_that_are_not_sorted(style):
+    # Rows that are not sorted keep every request on the pop loop, whatever its budget (the threshold path needs
+    # sorted rows); rounded logits make exact score ties across the frontier's slots and lanes.
     lp, ids = topk_arrays(8, 15, 400, 256, seed=31, style=style)
     lp[:, :, :] = lp.flip(2)  # increasing rows: no request can take the threshold path
     assert_tree_equal(lp, ids, [1, 2, 33, 127, 128, 129, 200, 256], 256)
