@@ -6,8 +6,9 @@
 A wheelhouse is a directory of wheels plus ``requirements.txt``, the complete list (``name==version``, one per line)
 a release venv installs with ``pip --no-index``, and the pip wheel that bootstraps that venv's pip. ``inspect`` prints
 one JSON object: its ``id`` (a hash of the list and of every file's name and size, so a changed wheelhouse is a new
-one), the SGLang version it pins, the CPython tags of its binary wheels, the newest glibc any wheel needs, its pip
-wheel, file count and bytes; it exits 1 with a message naming what is missing when a pinned requirement has no wheel.
+one), the SGLang version it pins, the CPython tags that can install every pinned wheel, the newest glibc any wheel
+needs, its pip wheel, file count and bytes; it exits 1 with a message naming what is missing when a pinned requirement
+has no wheel, or when no one CPython can install them all.
 ``build`` downloads the lock's wheels with pip for the serving host's Python and platform (the controller needs PyPI;
 the serving host does not), then inspects the result. The platform is x86-64 Linux with glibc up to ``--glibc``: pip
 accepts a wheel only for a platform tag it is given, so every manylinux tag up to that glibc is given (a wheel tagged
@@ -42,6 +43,7 @@ class Wheel:
     name: str
     version: str
     python_tag: str
+    abi_tag: str
     platform_tag: str
     path: Path
 
@@ -82,7 +84,45 @@ def parse_wheel(path: Path) -> Wheel:
     parts = path.name[: -len(".whl")].split("-")
     if len(parts) not in (5, 6):
         raise WheelhouseError(f"{path.name} is not a wheel file name (name-version[-build]-python-abi-platform.whl)")
-    return Wheel(normalize(parts[0]), parts[1], parts[-3], parts[-1], path)
+    return Wheel(normalize(parts[0]), parts[1], parts[-3], parts[-2], parts[-1], path)
+
+
+def interpreter_minors(wheel: Wheel) -> set[int]:
+    """The CPython 3.N this wheel was built for alone (``cp312-cp312``); empty for ``abi3``, ``py3`` and ``none``
+    wheels, which any newer CPython installs too."""
+    if "abi3" in wheel.abi_tag.split("."):
+        return set()
+    return {int(match.group(1)) for tag in wheel.python_tag.split(".")
+            if (match := re.fullmatch(r"cp3(\d+)", tag)) is not None}
+
+
+def runs_on(wheel: Wheel, minor: int) -> bool:
+    """Whether CPython 3.minor accepts the wheel's Python and ABI tags, as pip does: ``cp3N`` built for one
+    interpreter only; ``cp3N-abi3`` and ``py3N`` from 3.N on; ``py3`` (``py2.py3``) on any."""
+    if interpreter_minors(wheel):
+        return minor in interpreter_minors(wheel)
+    for tag in wheel.python_tag.split("."):
+        match = re.fullmatch(r"(?:cp|py)3(\d*)", tag)
+        if match is not None and (not match.group(1) or int(match.group(1)) <= minor):
+            return True
+    return False
+
+
+def installing_pythons(pins: dict[str, str], wheels: list[Wheel]) -> list[str]:
+    """The CPython tags (``cp312``) that can install a wheel of every pin; empty when no pinned wheel is built for
+    one interpreter (pure and ``abi3`` wheels only: any CPython new enough). An ``abi3`` wheel's tag is the oldest
+    CPython it runs on, not one it is for: ``cp310-abi3`` beside ``cp312-cp312`` torch does not make 3.10 fit."""
+    pinned = [wheel for wheel in wheels if pins.get(wheel.name) == wheel.version]
+    candidates = sorted({minor for wheel in pinned for minor in interpreter_minors(wheel)})
+    fitting = [minor for minor in candidates
+               if all(any(runs_on(wheel, minor) for wheel in pinned if wheel.name == name) for name in pins)]
+    if candidates and not fitting:
+        built_for = {f"cp3{minor}": sorted({wheel.name for wheel in pinned if minor in interpreter_minors(wheel)})
+                     for minor in candidates}
+        raise WheelhouseError("no one CPython can install all of its wheels ("
+                              + "; ".join(f"{tag} only: {', '.join(names)}" for tag, names in built_for.items())
+                              + "); rebuild it from its lock for the serving host's --python-version")
+    return [f"cp3{minor}" for minor in fitting]
 
 
 def read_requirements(path: Path) -> dict[str, str]:
@@ -115,12 +155,16 @@ def inspect(directory: Path) -> dict[str, object]:
     digest = hashlib.sha256(lock.read_bytes())
     for wheel in wheels:
         digest.update(f"{wheel.path.name}:{wheel.path.stat().st_size}\n".encode())
-    cpython = sorted({tag for wheel in wheels for tag in wheel.python_tag.split(".") if re.fullmatch(r"cp3\d+", tag)})
+    try:
+        cpython = installing_pythons(pins, wheels)
+    except WheelhouseError as error:
+        raise WheelhouseError(f"{directory}: {error}") from None
     glibc = max((needed_glibc(wheel.platform_tag) for wheel in wheels), default=0)
     return {
         "path": str(directory),
         "id": digest.hexdigest()[:16],
         "sglang_version": pins.get("sglang"),
+        # the interpreters that can install it ([] when none is singled out: pure and abi3 wheels only)
         "python_tags": cpython,
         # the oldest glibc the serving host may have ("" when no wheel is manylinux)
         "glibc": f"2.{glibc}" if glibc else "",

@@ -48,6 +48,42 @@ def test_inspect_describes_a_complete_wheelhouse(wheelhouse: Path) -> None:
     assert info["files"] == 4 and len(info["id"]) == 16
 
 
+def test_abi3_wheels_do_not_make_an_older_python_fit(wheelhouse: Path) -> None:
+    # the real lock's wheelhouse (2026-12-06): cp36-abi3 psutil, cp310-abi3 sglang-kernel, cp311-abi3 cryptography
+    # beside cp312-only torch made python_tags cp310..cp312, so a Python 3.11 host passed the role's interpreter check
+    # and failed only in the offline install ("No matching distribution found for torch==2.14.1")
+    for name in ("psutil-7.2.2-cp36-abi3-manylinux2010_x86_64.manylinux_2_12_x86_64.whl",
+                 "sglang_kernel-0.4.10-cp310-abi3-manylinux2014_x86_64.whl",
+                 "cryptography-50.0.2-cp311-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+                 "interegular-0.3.3-py37-none-any.whl", "six-1.17.0-py2.py3-none-any.whl"):
+        wheel(wheelhouse, name)
+    lock = wheelhouse / "requirements.txt"
+    lock.write_text(lock.read_text() + "psutil==7.2.2\nsglang-kernel==0.4.10\ncryptography==50.0.2\n"
+                    "interegular==0.3.3\nsix==1.17.0\n")
+    assert json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["python_tags"] == ["cp312"]
+
+
+def test_a_wheelhouse_of_pure_and_abi3_wheels_names_no_python(tmp_path: Path) -> None:
+    for name in ("pip-26.3-py3-none-any.whl", "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl"):
+        wheel(tmp_path, name)
+    (tmp_path / "requirements.txt").write_text("pip==26.3\nprotobuf==7.36.2\n")
+    assert json.loads(run(WHEELHOUSE, "inspect", str(tmp_path)).stdout)["python_tags"] == []
+
+
+def test_a_wheelhouse_no_one_python_can_install_is_refused(wheelhouse: Path) -> None:
+    wheel(wheelhouse, "numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.whl")
+    wheel(wheelhouse, "tml_renderers-0.1.0-cp313-abi3-manylinux2014_x86_64.whl")
+    lock = wheelhouse / "requirements.txt"
+    lock.write_text(lock.read_text() + "numpy==2.3.5\n")
+    done = run(WHEELHOUSE, "inspect", str(wheelhouse))
+    assert done.returncode == 1
+    assert "no one CPython can install all of its wheels (cp311 only: numpy; cp312 only: flash-attn, torch)" in (
+        done.stderr)
+    # a second numpy for cp312 makes it fit again; an unpinned abi3 wheel from 3.13 on is not installed, so no matter
+    wheel(wheelhouse, "numpy-2.3.5-cp312-cp312-manylinux_2_27_x86_64.whl")
+    assert json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["python_tags"] == ["cp312"]
+
+
 def test_inspect_lists_what_a_ship_copies_the_lock_first_with_sizes(wheelhouse: Path) -> None:
     info = json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)
     shipped = info["shipped_files"]
