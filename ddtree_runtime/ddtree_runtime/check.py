@@ -1,12 +1,15 @@
-"""Self-check of an installed ddtree_runtime: ``python -m ddtree_runtime.check [--json] [--require-sglang-plugin]``.
+"""Self-check of an installed ddtree_runtime: ``python -m ddtree_runtime.check [--json] [--require-sglang-plugin]
+[--require-gpu] [--require-cuda-extension]``.
 
 Run on the serving host before the service is switched (the Ansible role does). Each check reports
 ``{name, ok, detail}``; the command exits 0 when all are ok and 1 otherwise:
 
 - ``torch``: the torch the package runs on;
-- ``gpu``: the GPU torch sees, with its compute capability (a host without one passes, saying so);
+- ``gpu``: the GPU torch sees, with its compute capability (a host without one passes, saying so, unless
+  ``--require-gpu``: then torch's own reason for seeing none, e.g. a driver older than its CUDA, fails the check);
 - ``cuda_extension``: whether the compiled kernels are present (else the PyTorch path is used) and, on a GPU,
-  that they equal the PyTorch reference on a random case (`ops.compare_with_reference`);
+  that they equal the PyTorch reference on a random case (`ops.compare_with_reference`); with
+  ``--require-cuda-extension`` kernels that did not load, or have no GPU to run on, fail it;
 - ``tree``: a best-first tree from random drafter logits has the structure DDTree guarantees;
 - ``ddtree_decode``: a short greedy DDTree decode with small random models equals autoregressive decoding, on
   the GPU when there is one;
@@ -15,7 +18,12 @@ Run on the serving host before the service is switched (the Ansible role does). 
   ``--require-sglang-plugin``; otherwise reported when SGLang is installed);
 - ``sglang_server``: with SGLang and a GPU at least half free, a short real start of stock ``sglang.launch_server``
   with ``--speculative-algorithm DDTREE`` on a small random pair, one greedy request, stopped by PID
-  (:mod:`ddtree_runtime.acceptance.smoke`; ``--no-server-start`` skips it, a GPU a server holds is reported, not used).
+  (:mod:`ddtree_runtime.acceptance.smoke`; ``--no-server-start`` skips it; a GPU a server holds, or no GPU at all, is
+  reported as "not run").
+
+The release venv's role passes ``--require-gpu`` on a host where ``nvidia-smi`` lists GPUs and
+``--require-cuda-extension`` when it built the extension: a venv whose torch cannot reach the host's GPUs would
+otherwise pass every check on the CPU.
 """
 
 from __future__ import annotations
@@ -47,8 +55,22 @@ def best_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def check_gpu() -> Check:
+def why_no_gpu() -> str:
+    """torch's own reason for seeing no GPU (``is_available`` only says False): a CPU build, no driver, a driver
+    older than torch's CUDA, ``CUDA_VISIBLE_DEVICES`` hiding them."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU build"
+    try:
+        torch.cuda.init()
+    except Exception as error:  # torch raises RuntimeError or AssertionError, with the driver's reason
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}): {str(error).strip().splitlines()[0]}"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no device"
+
+
+def check_gpu(required: bool = False) -> Check:
     if not torch.cuda.is_available():
+        if required:
+            return Check("gpu", False, f"no GPU visible to torch, but one is required here: {why_no_gpu()}")
         return Check("gpu", True, "no GPU visible to torch: CPU only")
     names = []
     for index in range(torch.cuda.device_count()):
@@ -57,15 +79,15 @@ def check_gpu() -> Check:
     return Check("gpu", True, "; ".join(names))
 
 
-def check_cuda_extension() -> Check:
+def check_cuda_extension(required: bool = False) -> Check:
     if importlib.util.find_spec("ddtree_runtime.ops") is None:
-        return Check("cuda_extension", True, "not part of this build: the PyTorch path is used")
+        return Check("cuda_extension", not required, "not part of this build: the PyTorch path is used")
     from ddtree_runtime import ops  # noqa: PLC0415 - optional module
 
     if not ops.extension_available():
-        return Check("cuda_extension", True, f"not built: PyTorch path ({ops.extension_error()})")
+        return Check("cuda_extension", not required, f"not built: PyTorch path ({ops.extension_error()})")
     if not torch.cuda.is_available():
-        return Check("cuda_extension", True, "compiled kernels loaded; no GPU to run them on")
+        return Check("cuda_extension", not required, "compiled kernels loaded; no GPU to run them on")
     problems = ops.compare_with_reference(torch.device("cuda"))
     if problems:
         return Check("cuda_extension", False, "kernels differ from the PyTorch reference: " + "; ".join(problems))
@@ -144,8 +166,10 @@ SERVER_START_MIN_FREE = 0.5
 
 def check_sglang_server(python: str = sys.executable) -> Check | None:
     """A short real ``--speculative-algorithm DDTREE`` start, when SGLang and a free GPU are here."""
-    if importlib.util.find_spec("sglang") is None or not torch.cuda.is_available():
+    if importlib.util.find_spec("sglang") is None:
         return None
+    if not torch.cuda.is_available():
+        return Check("sglang_server", True, "not run: no GPU visible to torch")
     free, total = torch.cuda.mem_get_info()
     if free < SERVER_START_MIN_FREE * total:
         return Check("sglang_server", True, f"not run: the GPU has {free / 2**30:.1f} of {total / 2**30:.1f} GiB "
@@ -156,19 +180,23 @@ def check_sglang_server(python: str = sys.executable) -> Check | None:
     return Check("sglang_server", result.ok, result.detail)
 
 
-def run_checks(require_sglang_plugin: bool, server_start: bool = True) -> list[Check]:
-    checks: list[Callable[[], Check | None]] = [
-        check_torch, check_gpu, check_cuda_extension, check_tree, check_ddtree_decode,
-        lambda: check_sglang_plugin(require_sglang_plugin),
+def run_checks(require_sglang_plugin: bool, server_start: bool = True, require_gpu: bool = False,
+               require_cuda_extension: bool = False) -> list[Check]:
+    checks: list[tuple[str, Callable[[], Check | None]]] = [
+        ("torch", check_torch),
+        ("gpu", lambda: check_gpu(require_gpu)),
+        ("cuda_extension", lambda: check_cuda_extension(require_cuda_extension)),
+        ("tree", check_tree),
+        ("ddtree_decode", check_ddtree_decode),
+        ("sglang_plugin", lambda: check_sglang_plugin(require_sglang_plugin)),
     ]
     if server_start:
-        checks.append(check_sglang_server)
+        checks.append(("sglang_server", check_sglang_server))
     results = []
-    for run in checks:
+    for name, run in checks:
         try:
             result = run()
         except Exception as error:
-            name = getattr(run, "__name__", "check").removeprefix("check_")
             result = Check(name, False, f"{type(error).__name__}: {error}")
         if result is not None:
             results.append(result)
@@ -179,10 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree_runtime.check", description="Self-check of ddtree_runtime.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     parser.add_argument("--require-sglang-plugin", action="store_true", help="fail unless SGLang resolves DDTREE")
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="fail unless torch sees a GPU (on a host whose nvidia-smi lists GPUs)")
+    parser.add_argument("--require-cuda-extension", action="store_true",
+                        help="fail unless the compiled kernels load and equal the reference on a GPU")
     parser.add_argument("--no-server-start", action="store_true",
                         help="skip the short real DDTREE server start (run when SGLang and a free GPU are here)")
     options = parser.parse_args(argv)
-    results = run_checks(options.require_sglang_plugin, server_start=not options.no_server_start)
+    results = run_checks(options.require_sglang_plugin, server_start=not options.no_server_start,
+                         require_gpu=options.require_gpu, require_cuda_extension=options.require_cuda_extension)
     ok = all(result.ok for result in results)
     if options.json:
         print(json.dumps({"ok": ok, "checks": [asdict(result) for result in results]}))

@@ -15,6 +15,9 @@ description:
   - Returns C(build_possible) and the C(TORCH_CUDA_ARCH_LIST) value for the GPUs found, so the preflight and the
     release venv's build decide from one probe. Only reads; never fails because something is missing (the caller
     decides whether that matters).
+  - Given O(torch_cuda), the CUDA version the torch to build against was made with, a build is possible only with an
+    C(nvcc) of the same major version: PyTorch's extension build refuses any other (a different minor version only
+    warns), and finding that out after a multi-GB offline install is late.
 author:
   - Pivot developers (@pivot)
 extends_documentation_fragment:
@@ -37,11 +40,21 @@ options:
     description: The C(nvidia-smi) to ask.
     type: str
     default: nvidia-smi
+  torch_cuda:
+    description:
+      - C(torch.version.cuda) of the torch the extension is built against (V(13.0)), or V(cpu) for a CPU build of
+        torch, which cannot build it at all. Unset, the versions are not compared.
+    type: str
 """
 
 EXAMPLES = r"""
 - name: Find the CUDA toolchain
   pivot.ops.cuda_toolchain:
+  register: cuda
+
+- name: Find a toolchain that can build against a torch made with CUDA 13.0
+  pivot.ops.cuda_toolchain:
+    torch_cuda: "13.0"
   register: cuda
 
 - name: Build the extension for the GPUs found
@@ -74,6 +87,11 @@ nvcc_release:
   returned: always
   type: str
   sample: Cuda compilation tools, release 13.0, V13.0.88
+nvcc_version:
+  description: The CUDA version C(nvcc) reports (C(major.minor) of its release line); null without nvcc.
+  returned: always
+  type: str
+  sample: "13.0"
 compute_capabilities:
   description: The distinct compute capabilities of the GPUs, as nvidia-smi prints them.
   returned: always
@@ -86,7 +104,9 @@ arch_list:
   type: str
   sample: "12.0"
 build_possible:
-  description: Whether nvcc and at least one GPU compute capability were found.
+  description:
+    - Whether nvcc and at least one GPU compute capability were found (and, with O(torch_cuda), nvcc's major CUDA
+      version is torch's).
   returned: always
   type: bool
 why_not:
@@ -134,6 +154,26 @@ def toolkit_root(module: AnsibleModule, nvcc: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
 
 
+def release_version(release: str | None) -> str | None:
+    """``13.0`` from ``Cuda compilation tools, release 13.0, V13.0.88``."""
+    match = re.search(r"release (\d+)\.(\d+)", release or "")
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def torch_mismatch(nvcc: str, nvcc_version: str | None, torch_cuda: str | None) -> str:
+    """Why this nvcc cannot build against that torch ("" when it can, or when nothing is to be compared)."""
+    if not torch_cuda:
+        return ""
+    if torch_cuda == "cpu":
+        return "the release's torch is a CPU build, which cannot build CUDA extensions"
+    if nvcc_version is None:
+        return f"{nvcc} does not report its CUDA release, so it cannot be matched to torch's CUDA {torch_cuda}"
+    if nvcc_version.split(".")[0] != torch_cuda.split(".")[0]:
+        return (f"{nvcc} is CUDA {nvcc_version}, but the release's torch was built with CUDA {torch_cuda}, and "
+                "PyTorch's extension build refuses a different major version")
+    return ""
+
+
 def compute_capabilities(module: AnsibleModule, nvidia_smi: str) -> tuple[list, str]:
     """(the capabilities, why there are none). ``why_not`` is a phrase the roles put inside their own sentences, so
     without the final full stop."""
@@ -146,16 +186,21 @@ def compute_capabilities(module: AnsibleModule, nvidia_smi: str) -> tuple[list, 
 def run_module() -> None:
     module = AnsibleModule(
         argument_spec={"search_paths": {"type": "list", "elements": "path", "default": []},
-                       "nvidia_smi": {"type": "str", "default": "nvidia-smi"}},
+                       "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+                       "torch_cuda": {"type": "str"}},
         supports_check_mode=True,
     )
     nvcc = find_nvcc(module.params["search_paths"])
+    release = release_line(module, nvcc) if nvcc else None
     capabilities, smi_problem = compute_capabilities(module, module.params["nvidia_smi"])
     looked = ", ".join(["PATH", DEFAULT_CUDA_BIN, *module.params["search_paths"]])
-    why_not = f"no nvcc found (looked on {looked})" if nvcc is None else smi_problem
+    if nvcc is None:
+        why_not = f"no nvcc found (looked on {looked})"
+    else:
+        why_not = torch_mismatch(nvcc, release_version(release), module.params["torch_cuda"]) or smi_problem
     module.exit_json(
         changed=False, nvcc=nvcc, cuda_home=toolkit_root(module, nvcc) if nvcc else None,
-        nvcc_release=release_line(module, nvcc) if nvcc else None,
+        nvcc_release=release, nvcc_version=release_version(release),
         compute_capabilities=capabilities, arch_list=";".join(capabilities), build_possible=not why_not,
         why_not=why_not,
     )

@@ -6,9 +6,10 @@
 A wheelhouse is a directory of wheels plus ``requirements.txt``, the complete list (``name==version``, one per line)
 a release venv installs with ``pip --no-index``, and the pip wheel that bootstraps that venv's pip. ``inspect`` prints
 one JSON object: its ``id`` (a hash of the list and of every file's name and size, so a changed wheelhouse is a new
-one), the SGLang version it pins, the CPython tags that can install every pinned wheel, the newest glibc any wheel
-needs, its pip wheel, file count and bytes; it exits 1 with a message naming what is missing when a pinned requirement
-has no wheel, or when no one CPython can install them all.
+one), the SGLang version it pins, the CUDA version its torch was built with (``cpu`` for a CPU build; the host's
+nvcc must share its major version to build the extension), the CPython tags that can install every pinned wheel,
+the newest glibc any wheel needs, its pip wheel, file count and bytes; it exits 1 with a message naming what is
+missing when a pinned requirement has no wheel, or when no one CPython can install them all.
 ``build`` downloads the lock's wheels with pip for the serving host's Python and platform (the controller needs PyPI;
 the serving host does not), then inspects the result. The platform is x86-64 Linux with glibc up to ``--glibc``: pip
 accepts a wheel only for a platform tag it is given, so every manylinux tag up to that glibc is given (a wheel tagged
@@ -23,6 +24,7 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +127,24 @@ def installing_pythons(pins: dict[str, str], wheels: list[Wheel]) -> list[str]:
     return [f"cp3{minor}" for minor in fitting]
 
 
+def torch_cuda(wheels: list[Wheel], pins: dict[str, str]) -> str | None:
+    """``torch.version.cuda`` of the pinned torch wheel (``13.0``), ``cpu`` for a CPU build, None without torch; read
+    from the wheel's ``torch/version.py`` without unpacking the rest."""
+    pinned = [wheel for wheel in wheels if wheel.name == "torch" and wheel.version == pins.get("torch")]
+    if not pinned:
+        return None
+    try:
+        with zipfile.ZipFile(pinned[0].path) as archive:
+            source = archive.read("torch/version.py").decode()
+    except (zipfile.BadZipFile, KeyError) as error:
+        raise WheelhouseError(f"{pinned[0].path.name} is not a PyTorch wheel ({error}); "
+                              "rebuild the wheelhouse") from None
+    match = re.search(r"^cuda(?:\s*:[^=\n]*)?=\s*(?:None|'([^']*)'|\"([^\"]*)\")\s*$", source, re.MULTILINE)
+    if match is None:
+        raise WheelhouseError(f"{pinned[0].path.name}: torch/version.py does not say which CUDA torch was built with")
+    return match.group(1) or match.group(2) or "cpu"
+
+
 def read_requirements(path: Path) -> dict[str, str]:
     pins: dict[str, str] = {}
     for raw in path.read_text().splitlines():
@@ -164,6 +184,8 @@ def inspect(directory: Path) -> dict[str, object]:
         "path": str(directory),
         "id": digest.hexdigest()[:16],
         "sglang_version": pins.get("sglang"),
+        # what the host's nvcc must match to build the extension ("cpu": it cannot; None: no torch pinned)
+        "torch_cuda": torch_cuda(wheels, pins),
         # the interpreters that can install it ([] when none is singled out: pure and abi3 wheels only)
         "python_tags": cpython,
         # the oldest glibc the serving host may have ("" when no wheel is manylinux)

@@ -22,18 +22,24 @@ def run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60, check=False)
 
 
-def wheel(directory: Path, name: str) -> Path:
+TORCH_VERSION_PY = "__version__ = '2.14.1+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\nhip = None\n"
+
+
+def wheel(directory: Path, name: str, members: dict[str, str] | None = None) -> Path:
     path = directory / name
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("x.txt", name)
+        for member, text in (members or {}).items():
+            archive.writestr(member, text)
     return path
 
 
 @pytest.fixture
 def wheelhouse(tmp_path: Path) -> Path:
-    for name in ("sglang-0.5.23-py3-none-any.whl", "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl",
-                 "pip-26.3-py3-none-any.whl", "Flash_Attn-2.0-1-cp312-cp312-linux_x86_64.whl"):
+    for name in ("sglang-0.5.23-py3-none-any.whl", "pip-26.3-py3-none-any.whl",
+                 "Flash_Attn-2.0-1-cp312-cp312-linux_x86_64.whl"):
         wheel(tmp_path, name)
+    wheel(tmp_path, "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl", {"torch/version.py": TORCH_VERSION_PY})
     (tmp_path / "requirements.txt").write_text("# the release\nsglang==0.5.23\ntorch==2.14.1\nflash-attn==2.0\n")
     return tmp_path
 
@@ -46,6 +52,17 @@ def test_inspect_describes_a_complete_wheelhouse(wheelhouse: Path) -> None:
     assert info["python_tags"] == ["cp312"]
     assert info["pip_wheel"] == "pip-26.3-py3-none-any.whl"
     assert info["files"] == 4 and len(info["id"]) == 16
+    assert info["torch_cuda"] == "13.0"
+
+
+def test_inspect_says_a_cpu_torch_cannot_build_the_extension_and_refuses_a_fake_torch(wheelhouse: Path) -> None:
+    torch = wheelhouse / "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+    wheel(wheelhouse, torch.name, {"torch/version.py": TORCH_VERSION_PY.replace("'13.0'", "None")})
+    assert json.loads(run(WHEELHOUSE, "inspect", str(wheelhouse)).stdout)["torch_cuda"] == "cpu"
+    wheel(wheelhouse, torch.name)
+    done = run(WHEELHOUSE, "inspect", str(wheelhouse))
+    assert done.returncode == 1
+    assert f"{torch.name} is not a PyTorch wheel" in done.stderr
 
 
 def test_abi3_wheels_do_not_make_an_older_python_fit(wheelhouse: Path) -> None:

@@ -119,3 +119,34 @@ def test_an_nvidia_smi_path_that_is_not_executable_is_named(run_module, bin_dir:
     result = run_module(cuda_toolchain.main, {"nvidia_smi": str(tmp_path / "nvidia-smi")})
     assert not result["failed"] and not result["build_possible"]
     assert result["why_not"].startswith(f"nvidia_smi {tmp_path / 'nvidia-smi'} does not exist or is not executable")
+
+
+def test_nvcc_of_torch_s_major_cuda_version_can_build_against_it(run_module, bin_dir: Path) -> None:
+    program(bin_dir, "nvcc", NVCC)
+    program(bin_dir, "nvidia-smi", "echo 9.0\n")
+    # 13.0 against a torch of CUDA 13.2: PyTorch only warns about a minor difference
+    result = run_module(cuda_toolchain.main, {"torch_cuda": "13.2"})
+    assert result["build_possible"] and result["why_not"] == ""
+    assert result["nvcc_version"] == "13.0"
+
+
+def test_nvcc_of_another_major_cuda_version_than_torch_s_cannot_build(run_module, bin_dir: Path) -> None:
+    program(bin_dir, "nvcc", "echo 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    program(bin_dir, "nvidia-smi", "echo 12.0\n")
+    result = run_module(cuda_toolchain.main, {"torch_cuda": "13.0"})
+    assert not result["build_possible"]
+    assert result["why_not"] == (f"{bin_dir / 'nvcc'} is CUDA 12.8, but the release's torch was built with CUDA 13.0, "
+                                 "and PyTorch's extension build refuses a different major version")
+    # without torch's version nothing is compared: the preflight's probe
+    assert run_module(cuda_toolchain.main, {})["build_possible"]
+
+
+def test_a_cpu_torch_or_an_unreadable_nvcc_cannot_build(run_module, bin_dir: Path) -> None:
+    program(bin_dir, "nvidia-smi", "echo 9.0\n")
+    program(bin_dir, "nvcc", NVCC)
+    cpu = run_module(cuda_toolchain.main, {"torch_cuda": "cpu"})
+    assert not cpu["build_possible"] and "CPU build" in cpu["why_not"]
+    program(bin_dir, "nvcc", "echo 'nvcc: something else'\n")
+    silent = run_module(cuda_toolchain.main, {"torch_cuda": "13.0"})
+    assert not silent["build_possible"] and silent["nvcc_version"] is None
+    assert "does not report its CUDA release" in silent["why_not"]
