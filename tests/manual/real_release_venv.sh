@@ -8,16 +8,20 @@
 # COMPUTE_CAPABILITY (e.g. 9.0) stands in for nvidia-smi's answer on a machine without a GPU (the self-check then
 # cannot require the GPU: pivot_release_require_gpu is false); on a GPU host leave it out and the real nvidia-smi is
 # asked. The venv goes to WORK_DIR/root/venvs/, the wheelhouse to WORK_DIR/wheelhouse.
-# PIVOT_ANSIBLE_VENV names the venv with ansible-core (default: the checkout's .venv, which lab/setup.sh makes).
+# PIVOT_ANSIBLE_VENV names the venv with ansible-core (default: the checkout's .venv, which lab/setup.sh makes);
+# PIVOT_RELEASE_PYTHON the Python 3.12 the release venv is made from (default: pyenv's, /usr/bin's, then PATH's).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mkdir -p "${1:?WORK_DIR}" && cd "$1" && pwd)
 capability=${2:-}
 ansible_venv=${PIVOT_ANSIBLE_VENV:-$repo/.venv}
-python312=
-for candidate in "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
-  [ -x "$candidate" ] && python312=$candidate
-done
+python312=${PIVOT_RELEASE_PYTHON:-}
+if [ -z "$python312" ]; then
+  for candidate in "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+    [ -x "$candidate" ] && python312=$candidate
+  done
+  [ -n "$python312" ] || python312=$(command -v python3.12 || true)
+fi
 [ -n "$python312" ] || { echo "real_release_venv: need a Python 3.12 for the release venv" >&2; exit 1; }
 [ -x "$ansible_venv/bin/ansible-playbook" ] || {
   echo "real_release_venv: no ansible-playbook in $ansible_venv (run lab/setup.sh, or set PIVOT_ANSIBLE_VENV)" >&2
