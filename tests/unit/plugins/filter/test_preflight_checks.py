@@ -122,6 +122,29 @@ def test_a_mask_token_outside_the_vocabulary_is_refused() -> None:
     assert not checks["drafter_config"]["ok"]
 
 
+def test_a_drafter_block_shorter_than_the_draft_length_is_refused() -> None:
+    drafter = {**ZLAB_DRAFTER, "block_size": 8}
+    checks = by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))
+    assert not checks["drafter_block_size"]["ok"]
+    assert checks["drafter_block_size"]["detail"] == "draft length 16 needs drafter block_size >= it; drafter has 8"
+    # the same drafter serves a draft length it was trained for
+    assert by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter), draft_tokens=8), "serving"))[
+        "drafter_block_size"]["ok"]
+
+
+@pytest.mark.parametrize(("key", "drafter_value", "target_value"), [
+    ("vocab_size", 151936, 248320), ("hidden_size", 4096, 5120)])
+def test_a_drafter_of_another_vocabulary_or_width_is_refused_against_the_nested_target(
+        key: str, drafter_value: int, target_value: int) -> None:
+    drafter = {**ZLAB_DRAFTER, key: drafter_value}
+    checks = by_name(preflight_checks(serving_facts(drafter_config=slurp(drafter)), "serving"))
+    # the target's value is read from text_config, where Qwen3.6-27B keeps it
+    assert not checks[key]["ok"]
+    assert checks[key]["detail"] == f"target {target_value}, drafter {drafter_value}"
+    others = [name for name, c in checks.items() if not c["ok"]]
+    assert others == [key]
+
+
 def test_an_unreadable_or_garbled_config_fails_its_check_not_the_phase() -> None:
     garbled = {"content": base64.b64encode(b"{not json: 'x'}\n<|>").decode()}
     checks = by_name(preflight_checks(serving_facts(target_config=garbled,
