@@ -308,13 +308,36 @@ def serving_checks(facts: Facts) -> list[Check]:
 # --- training side ------------------------------------------------------------------------------------------------
 
 
+def unallowed_holders(facts: Facts) -> list[Mapping[str, Any]]:
+    """GPU holders no allow-pattern covers, visible in /proc here or not."""
+    result = facts.get("gpus")
+    processes = (result.get("processes") or []) if isinstance(result, Mapping) else []
+    allowed = [re.compile(str(pattern)) for pattern in facts.get("allowed_gpu_holders") or []]
+    return [p for p in processes if not any(a.search(str(p.get("cmdline") or "")) for a in allowed)]
+
+
 def training_job(facts: Facts) -> Check:
     job = facts.get("job") or {}
     if job.get("failed"):
         return check("training_job", False, one_line(job.get("msg", "job lookup failed"), 600))
     pids: Sequence[Mapping[str, Any]] = job.get("pids") or []
     if not pids:
-        return check("training_job", True, "no training job is running (already gone): nothing to stop")
+        holders = unallowed_holders(facts)
+        if holders:
+            # "Already gone" with the GPUs still busy is a selector that misses the job, not a stopped job: going on
+            # would stop nothing and fail at the GPU check after the stop, telling the user to kill their trainer.
+            listed = "; ".join(_holder_text(p) if p.get("visible", True)
+                               else f"PID {p.get('pid')} (not visible in this host's /proc) holds "
+                                    f"{p.get('used_memory_mib', '?')} MiB" for p in holders[:6])
+            selector = one_line(json.dumps(facts.get("job_selector") or {}), 200)
+            return check("training_job", False,
+                         f"no process matches the job selector {selector} (pivot_training_job), yet the training "
+                         f"GPUs are held: {listed}. If that is the training "
+                         "job, the selector misses it: match the trainer by its script's path or name "
+                         "(cmdline_match, see docs/modules.md), a pidfile or its unit. If the job really ended, end "
+                         "those processes or allow them with pivot_training_allowed_gpu_holders")
+        return check("training_job", True, "no training job is running (already gone) and no process holds the "
+                                           "training GPUs: nothing to stop")
     shown = "; ".join(f"PID {p.get('pid')} {one_line(p.get('cmdline'), 60)}" for p in pids[:4])
     more = "; ..." if len(pids) > 4 else ""
     return check("training_job", True, f"found the job: {len(pids)} processes, {shown}{more}")

@@ -236,6 +236,30 @@ def test_a_gpu_holder_outside_the_job_is_refused_on_the_training_host() -> None:
     assert not check["ok"] and "PID 99 (python3 eval_old_ckpt.py)" in check["detail"]
 
 
+def test_no_job_found_while_the_training_gpus_are_busy_is_a_selector_that_misses_the_job() -> None:
+    # the user's real trainer, selected by an argv element it does not have: nothing matches, the GPUs stay busy
+    facts = training_facts(job={"pids": [], "changed": False},
+                           job_selector={"cmdline_match": ["train_dflash_pipeline"]},
+                           gpus={"gpus": [{"index": 0}], "processes": [
+                               process(4242, "python3 -u /root/train_dflash_pipeline.py"),
+                               process(4300, "", mib=30000, gpu=1, visible=False)]})
+    check = by_name(preflight_checks(facts, "training"))["training_job"]
+    assert not check["ok"]
+    assert 'no process matches the job selector {"cmdline_match": ["train_dflash_pipeline"]}' in check["detail"]
+    assert "PID 4242 (python3 -u /root/train_dflash_pipeline.py) holds 40000 MiB on GPU 0" in check["detail"]
+    assert "PID 4300 (not visible in this host's /proc) holds 30000 MiB" in check["detail"]
+    assert "the selector misses it" in check["detail"]
+
+
+def test_no_job_and_free_or_allowed_gpus_is_a_job_already_gone() -> None:
+    free = training_facts(job={"pids": []}, gpus={"gpus": [{"index": 0}], "processes": []})
+    assert by_name(preflight_checks(free, "training"))["training_job"]["ok"]
+    allowed = training_facts(job={"pids": []}, allowed_gpu_holders=["dcgm-exporter"],
+                             gpus={"gpus": [{"index": 0}], "processes": [process(77, "/usr/bin/dcgm-exporter")]})
+    check = by_name(preflight_checks(allowed, "training"))["training_job"]
+    assert check["ok"] and "already gone" in check["detail"]
+
+
 def test_a_missing_checkpoint_directory_is_refused() -> None:
     checks = by_name(preflight_checks(training_facts(checkpoint_stat={"stat": {"exists": False}}), "training"))
     assert not checks["checkpoint_dir"]["ok"] and "does not exist" in checks["checkpoint_dir"]["detail"]
