@@ -375,6 +375,16 @@ planned:
   type: list
   elements: str
   sample: ["send SIGUSR1 to 8 processes that handle it", "SIGTERM 10 processes, SIGKILL after 60s"]
+checkpoint_signal_targets:
+  description:
+    - The PIDs the checkpoint request's signal goes to (or, in check mode, would go to). Empty when no process of the
+      job handles the signal, which refuses the stop unless O(force); the preflight calls the module in check mode
+      to find that out before anything is stopped.
+    - Null when the checkpoint is not requested by signal, or no job was found.
+  returned: always
+  type: list
+  elements: int
+  sample: [4243, 4244]
 checkpoint:
   description: The checkpoint that was confirmed before the stop; empty when no checkpoint was requested.
   returned: always
@@ -614,6 +624,7 @@ class TrainingStop:
             "changed": False,
             "pids": [],
             "planned": [],
+            "checkpoint_signal_targets": None,
             "checkpoint": {},
             "last_step": None,
             "signals": [],
@@ -864,6 +875,7 @@ class TrainingStop:
         request = self.checkpoint_params.get("request") if self.checkpoint_params else None
         if request == "signal":
             targets = self.checkpoint_signal_targets(members, tracker)
+            self.result["checkpoint_signal_targets"] = [info.pid for info in targets]
             if targets:
                 steps.append(
                     "send %s to %d process(es): %s"

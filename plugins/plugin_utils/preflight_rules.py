@@ -78,6 +78,13 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+def as_bool(value: Any) -> bool:
+    """A boolean from Ansible: a real bool, or the text a template renders (``True``, ``yes``, ``1``)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    return bool(value)
+
+
 # --- models -------------------------------------------------------------------------------------------------------
 
 
@@ -340,7 +347,19 @@ def training_job(facts: Facts) -> Check:
                                            "training GPUs: nothing to stop")
     shown = "; ".join(f"PID {p.get('pid')} {one_line(p.get('cmdline'), 60)}" for p in pids[:4])
     more = "; ..." if len(pids) > 4 else ""
-    return check("training_job", True, f"found the job: {len(pids)} processes, {shown}{more}")
+    found = f"found the job: {len(pids)} processes, {shown}{more}"
+    if job.get("checkpoint_signal_targets") == []:
+        # The stop would refuse this (a signal without a handler kills the process) after the release venv was built
+        signal_name = facts.get("checkpoint_signal") or "SIGUSR1"
+        if as_bool(facts.get("force")):
+            return check("training_job", True, f"{found}; no process of it handles {signal_name}: with "
+                                               "pivot_training_force the stop goes ahead WITHOUT a checkpoint")
+        return check("training_job", False,
+                     f"{found}; none of its processes handles {signal_name}, so the checkpoint cannot be requested "
+                     f"by signal (sending it would kill them). Set pivot_training_checkpoint.request=file if the "
+                     f"trainer watches a trigger file, signal_targets=all if it really handles {signal_name}, or "
+                     "pivot_training_force=true to stop without a checkpoint (the work since the last one is lost)")
+    return check("training_job", True, found)
 
 
 def checkpoint_dir(facts: Facts) -> Check:

@@ -103,6 +103,27 @@ def test_missing_drafter_fails_in_preflight_and_touches_nothing(
         assert lock is not None and lock["run_id"] == run.run_id
 
 
+def test_a_trainer_without_a_handler_for_the_checkpoint_signal_is_refused_in_preflight(
+    training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """A trainer that saves only on a trigger file, with the inventory's request by SIGUSR1: the stop would refuse
+    (SIGUSR1 would kill it); preflight says so before the release venv is built, and touches nothing."""
+    job = training("--checkpoint-on", "trigger")
+
+    run = pivotlab.run_playbook("pivot.yml")
+
+    assert run.rc != 0, run.summary()
+    assert "Preflight failed on ct200, nothing was changed" in run.message, run.summary()
+    assert set(run.phase_names()) == {"preflight"}, "nothing after preflight may run"
+    training_checks = {c["name"]: c for c in run.phase("preflight", "ct200")["findings"]["checks"]}
+    assert training_checks["training_job"]["ok"] is False, training_checks
+    assert "none of its processes handles SIGUSR1" in training_checks["training_job"]["detail"]
+    for host in ("ct200", "pro6000"):
+        assert run.changed(host) == 0, f"{host}: {[task for task, _unused in run.changed_results(host)]}"
+    pivotlab.assert_training_untouched(job, pivotlab.training_state())
+    pivotlab.assert_serving_untouched(baseline, pivotlab.serving_state())
+
+
 SERVING_VARS = pivotlab.REPO / "inventory" / "production" / "group_vars" / "serving.yml"
 RELEASE_REFUSALS = {
     # SGLang's own parser, in the release venv, refuses a flag it does not know (argparse, exit 2).

@@ -260,6 +260,30 @@ def test_no_job_and_free_or_allowed_gpus_is_a_job_already_gone() -> None:
     assert check["ok"] and "already gone" in check["detail"]
 
 
+def test_a_job_none_of_whose_processes_handles_the_checkpoint_signal_is_refused_before_the_stop() -> None:
+    # what pivot.ops.stop_training reports in check mode for a trainer without a SIGUSR1 handler
+    job = {**training_facts()["job"], "checkpoint_signal_targets": []}
+    check = by_name(preflight_checks(training_facts(job=job, checkpoint_signal="SIGUSR1"), "training"))["training_job"]
+    assert not check["ok"]
+    assert "none of its processes handles SIGUSR1" in check["detail"]
+    assert "pivot_training_checkpoint.request=file" in check["detail"]
+    assert "pivot_training_force=true" in check["detail"]
+
+
+@pytest.mark.parametrize("force", [True, "True"])
+def test_a_forced_stop_without_a_handler_passes_and_says_there_will_be_no_checkpoint(force: Any) -> None:
+    job = {**training_facts()["job"], "checkpoint_signal_targets": []}
+    check = by_name(preflight_checks(training_facts(job=job, force=force), "training"))["training_job"]
+    assert check["ok"] and "WITHOUT a checkpoint" in check["detail"]
+
+
+def test_a_job_with_signal_handlers_or_another_request_passes() -> None:
+    for targets in ([11], None):
+        job = {**training_facts()["job"], "checkpoint_signal_targets": targets}
+        check = by_name(preflight_checks(training_facts(job=job), "training"))["training_job"]
+        assert check["ok"] and check["detail"].startswith("found the job: 2 processes")
+
+
 def test_a_missing_checkpoint_directory_is_refused() -> None:
     checks = by_name(preflight_checks(training_facts(checkpoint_stat={"stat": {"exists": False}}), "training"))
     assert not checks["checkpoint_dir"]["ok"] and "does not exist" in checks["checkpoint_dir"]["detail"]

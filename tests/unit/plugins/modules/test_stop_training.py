@@ -361,6 +361,27 @@ def test_signal_without_handler_fails_before_anything_is_sent(run_module, traine
     assert alive(popen.pid)
 
 
+def test_check_mode_names_the_processes_the_checkpoint_signal_would_reach(run_module, trainers, tmp_path, alive):
+    """What the preflight reads: in check mode, [] for a job without a SIGUSR1 handler, the PIDs for one with."""
+    (tmp_path / "ckpt").mkdir()
+    bare = trainers.start("single")
+    refused = run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers),
+                                                  checkpoint=checkpoint_opts(tmp_path)), check_mode=True)
+    assert refused["failed"] is False and refused["checkpoint_signal_targets"] == []
+    assert any(step.startswith("no process handles SIGUSR1") for step in refused["planned"])
+    assert alive(bare.pid)
+    bare.kill()
+    bare.wait()
+
+    # ready=2: the first trainer's ready file is still there; this one's handler is installed once it writes its own
+    handling = trainers.start("single", "--checkpoint", "signal", ready=2)
+    planned = run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers),
+                                                  checkpoint=checkpoint_opts(tmp_path)), check_mode=True)
+    assert planned["checkpoint_signal_targets"] == [handling.pid]
+    assert run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers)),
+                      check_mode=True)["checkpoint_signal_targets"] is None
+
+
 def test_invalid_regex_fails_before_signalling(run_module, trainers, tmp_path, alive):
     popen = trainers.start("single")
     result = run_module(
