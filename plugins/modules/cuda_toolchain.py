@@ -16,8 +16,8 @@ description:
     release venv's build decide from one probe. Only reads; never fails because something is missing (the caller
     decides whether that matters).
   - Given O(torch_cuda), the CUDA version the torch to build against was made with, a build is possible only with an
-    C(nvcc) of the same major version: PyTorch's extension build refuses any other (a different minor version only
-    warns), and finding that out after a multi-GB offline install is late.
+    C(nvcc) of the same major version, since PyTorch's extension build refuses any other (a different minor version
+    only warns), and finding that out after a multi-GB offline install is late.
 author:
   - Pivot developers (@pivot)
 extends_documentation_fragment:
