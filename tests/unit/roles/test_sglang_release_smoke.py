@@ -97,13 +97,14 @@ def keyed_smoke(server: ReasoningServer, secrets: Path) -> subprocess.CompletedP
          "Write fizzbuzz."], capture_output=True, text=True, timeout=60, check=False)
 
 
-@pytest.mark.parametrize("key", ["lab-secret-key-0123", "it's: a #key", 'quo"te\\d', "  padded ", "0123", "yes"])
+@pytest.mark.parametrize("key", ["lab-secret-key-0123", "it's: a #key", 'quo"te\\d', "  padded ", "0123", "yes",
+                                 " ".join(["a long key with spaces"] * 8)])
 def test_the_api_key_comes_from_the_servers_secrets_file_as_a_yaml_dumper_writes_it(
         serve, tmp_path: Path, key: str) -> None:
     server = serve({"role": "assistant", "content": "ok"})
     secrets = tmp_path / "secrets.yaml"
     # what the role's to_nice_yaml writes, whatever quoting the key needs
-    secrets.write_text(yaml.safe_dump({"api-key": key}, default_flow_style=False))
+    secrets.write_text(yaml.safe_dump({"api-key": key}, default_flow_style=False, width=100000))
     completed = keyed_smoke(server, secrets)
     assert completed.returncode == 0, completed.stderr
     assert server.headers[-1]["Authorization"] == f"Bearer {key}"
