@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.pivot.ops.plugins.plugin_utils import ddtree_rules
 
 Facts = Mapping[str, Any]
@@ -76,13 +77,6 @@ def as_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def as_bool(value: Any) -> bool:
-    """A boolean from Ansible: a real bool, or the text a template renders (``True``, ``yes``, ``1``)."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "on", "1")
-    return bool(value)
 
 
 # --- models -------------------------------------------------------------------------------------------------------
@@ -208,18 +202,24 @@ def _holder_text(process: Mapping[str, Any]) -> str:
     return f"PID {process.get('pid')} ({command}) holds {memory if memory is not None else '?'} MiB on {where}"
 
 
+def allowed_holder(facts: Facts) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an allow-pattern (searched in the command line) covers a GPU holder."""
+    patterns = [re.compile(str(pattern)) for pattern in facts.get("allowed_gpu_holders") or []]
+    return lambda process: any(p.search(str(process.get("cmdline") or "")) for p in patterns)
+
+
 def gpu_holders(facts: Facts, owner: Callable[[Mapping[str, Any]], bool], owner_text: str) -> Check:
     """Every process holding GPU memory is the one Pivot stops (owner), allowed, or named as a reason to stop here."""
     result = facts.get("gpus")
     if not isinstance(result, Mapping) or "processes" not in result:
         # gpu_count fails with the query's reason; a second failure here would say nothing new.
         return check("gpu_holders", True, "not checked: the GPU query failed (see gpu_count)")
-    allowed = [re.compile(str(pattern)) for pattern in facts.get("allowed_gpu_holders") or []]
+    allowed = allowed_holder(facts)
     others, hidden = [], []
     for process in result["processes"]:
         if not process.get("visible", True):
             hidden.append(process)
-        elif not owner(process) and not any(p.search(str(process.get("cmdline") or "")) for p in allowed):
+        elif not owner(process) and not allowed(process):
             others.append(process)
     note = (f"; {len(hidden)} holder(s) not visible in this host's /proc (another container or the host), so "
             "whose they are cannot be told here: the GPU check after the stop will see if they remain"
@@ -319,8 +319,8 @@ def unallowed_holders(facts: Facts) -> list[Mapping[str, Any]]:
     """GPU holders no allow-pattern covers, visible in /proc here or not."""
     result = facts.get("gpus")
     processes = (result.get("processes") or []) if isinstance(result, Mapping) else []
-    allowed = [re.compile(str(pattern)) for pattern in facts.get("allowed_gpu_holders") or []]
-    return [p for p in processes if not any(a.search(str(p.get("cmdline") or "")) for a in allowed)]
+    allowed = allowed_holder(facts)
+    return [p for p in processes if not allowed(p)]
 
 
 def training_job(facts: Facts) -> Check:
@@ -351,7 +351,7 @@ def training_job(facts: Facts) -> Check:
     if job.get("checkpoint_signal_targets") == []:
         # The stop would refuse this (a signal without a handler kills the process) after the release venv was built
         signal_name = facts.get("checkpoint_signal") or "SIGUSR1"
-        if as_bool(facts.get("force")):
+        if boolean(facts.get("force"), strict=False):
             return check("training_job", True, f"{found}; no process of it handles {signal_name}: with "
                                                "pivot_training_force the stop goes ahead WITHOUT a checkpoint")
         return check("training_job", False,
