@@ -17,7 +17,8 @@ root=${PIVOT_RELEASE_GPU_DIR:-/tmp/pivot-release-gpu}
 out=${OUT:-$root/out}
 action=${1:?usage: release_venv.sh pieces WHEELHOUSE [OUT_DIR] | setup | receive PIECE... | start WAIT | wait WAIT}
 shift
-ansible_pins=(ansible-core==2.21.5 cffi==2.1.1 cryptography==51.0.1 Jinja2==3.1.6 MarkupSafe==3.0.4 packaging==26.4
+# ansible-core as the controller pins it; its own dependencies at the versions the controller venv resolved
+ansible_pins=("$(grep -m1 '^ansible-core==' "$repo/requirements/controller.txt")" cffi==2.1.1 cryptography==51.0.1 Jinja2==3.1.6 MarkupSafe==3.0.4 packaging==26.4
               pycparser==3.12 PyYAML==6.0.4 resolvelib==1.2.1)
 
 collect() {
