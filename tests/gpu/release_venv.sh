@@ -11,6 +11,8 @@
 #                                                                    the background, wait up to WAIT s, collect to $OUT
 #            tests/gpu/release_venv.sh wait WAIT                    wait for it again, collect
 # A device call that finds no machine costs device time too: send `setup` alone, and the pieces only once it answered.
+# The machine goes cold after 30 s without a call, and the run takes longer than one call may: send `start` and its
+# `wait` calls in one message, back to back. `wait` on a machine that has no run (a fresh one) says so at once.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 root=${PIVOT_RELEASE_GPU_DIR:-/tmp/pivot-release-gpu}
@@ -28,12 +30,16 @@ collect() {
   (cd "$root/work" && tar -czf "$out/logs.tgz" ./*.log ./inventory.yml 2>/dev/null)
   grep -E "took|fatal|FAILED!" "$root/run.log" | tail -n 8
   tail -n 4 "$root/run.log"
-  cat "$root/exit_code" 2>/dev/null || echo "still running"
+  if [ -f "$root/exit_code" ]; then cat "$root/exit_code"
+  elif kill -0 "$(cat "$root/pid")" 2>/dev/null; then echo "still running"
+  else echo "the run ended without an exit code"; fi
 }
 
 wait_for() {
   local deadline=$((SECONDS + $1))
-  while [ ! -f "$root/exit_code" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
+  while [ ! -f "$root/exit_code" ] && [ $SECONDS -lt $deadline ] && kill -0 "$(cat "$root/pid")" 2>/dev/null; do
+    sleep 5
+  done
   collect
 }
 
@@ -71,7 +77,7 @@ receive)
 start)
   [ "$(cd "$root/pieces" && cat p[0-9]* | sha256sum | cut -d' ' -f1)" = "$(cat "$root/SHA256")" ] \
     || { echo "release_venv.sh: the pieces do not add up to the packed wheelhouse (one missing?)" >&2; exit 1; }
-  rm -rf "$root/work" "$root/exit_code" && mkdir -p "$root/work/wheelhouse"
+  rm -rf "$root/work" "$root/exit_code" "$root/pid" && mkdir -p "$root/work/wheelhouse"
   (cd "$root/pieces" && cat p[0-9]*) | tar -x -C "$root/work/wheelhouse" || exit 1
   rm -rf "$root/pieces"
   echo "wheelhouse: $(find "$root/work/wheelhouse" -type f | wc -l) files"
@@ -80,8 +86,13 @@ start)
   # shellcheck disable=SC2016  # expanded by the inner bash
   setsid nohup bash -c '"$0" "$1"; echo $? > "$2"' "$repo/tests/manual/real_release_venv.sh" "$root/work" \
     "$root/exit_code" > "$root/run.log" 2>&1 < /dev/null &
+  echo $! > "$root/pid"
   wait_for "${1:?WAIT}"
   ;;
-wait) wait_for "${1:?WAIT}" ;;
+wait)
+  [ -f "$root/pid" ] || { echo "release_venv.sh: no run was started on this machine (a fresh one?): start over" \
+    "with setup" >&2; exit 3; }
+  wait_for "${1:?WAIT}"
+  ;;
 *) echo "release_venv.sh: unknown action $action" >&2; exit 2 ;;
 esac
