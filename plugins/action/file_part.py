@@ -87,12 +87,14 @@ class ActionModule(ActionBase):
         if self._task.check_mode:
             return {"changed": True, "dest": dest, "copied": offset + size, "total": total,
                     "complete": offset + size == total}
-        local_part = write_part(src, offset, size)
+        whole = offset == 0 and size == total
+        local_part = src if whole else write_part(src, offset, size)
         try:
             remote_part = self._connection._shell.join_path(self._connection._shell.tmpdir, "part")
             self._transfer_file(local_part, remote_part)
         finally:
-            os.unlink(local_part)
+            if not whole:
+                os.unlink(local_part)
         self._fixup_perms2((self._connection._shell.tmpdir, remote_part))
         module_args = {key: value for key, value in args.items() if key not in OWN_ARGS}
         module_args.update(src=remote_part, dest=dest, offset=offset, size=size, _total=total,

@@ -123,12 +123,13 @@ def test_a_part_that_does_not_continue_the_copy_is_refused(tmp_path, controller_
     assert not dest.exists()
 
 
-def test_an_empty_file_is_one_part(tmp_path, host_dir) -> None:
-    empty = tmp_path / "empty.txt"
-    empty.write_bytes(b"")
-    [copy] = play(tmp_path, [copy_task(empty, host_dir / "empty.txt")])
-    assert [(part["complete"], part["copied"]) for part in copy["results"]] == [(True, 0)]
-    assert (host_dir / "empty.txt").read_bytes() == b""
+@pytest.mark.parametrize("size", [0, PART_BYTES - 300, PART_BYTES])
+def test_a_file_no_larger_than_a_part_is_one_part(tmp_path, host_dir, size) -> None:
+    small = tmp_path / "small.txt"
+    small.write_bytes(os.urandom(size))
+    [copy] = play(tmp_path, [copy_task(small, host_dir / "small.txt")])
+    assert [(part["complete"], part["copied"]) for part in copy["results"]] == [(True, size)]
+    assert (host_dir / "small.txt").read_bytes() == small.read_bytes()
 
 
 def test_a_part_outside_the_file_is_refused_before_anything_is_shipped(tmp_path, controller_file, host_dir) -> None:
