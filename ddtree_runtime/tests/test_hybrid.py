@@ -65,17 +65,13 @@ def hybrid_decoder() -> SpeculativeDecoder:
     return make_hybrid_decoder()
 
 
-WEIGHT_STD = 0.1
-"""Random weights large enough that logits span a few units (transformers' own init makes them near-constant) and
-small enough that float32 rounding stays below the 1e-5 tolerance: at std 0.2 transformers' float32 logits
-already differ from its own float64 run by 6e-5."""
-
-
-LAYOUT_WEIGHT_STD = 0.06
-"""The same for the checkpoint variants below, whose deeper DeltaNet stacks amplify float32 rounding: at std 0.1
-transformers' float32 logits and ours drift up to 7e-5 apart on the 3:1 stacks (up to 2.4e-5 on the 1:1 one, seed
-dependent), while both in float64 (transformers' internal float32 casts patched out) agree to 1e-7. At 0.06 the
-largest float32 gap over six seeds per variant stays below 6e-6 and the logits still span more than a unit."""
+WEIGHT_STD = 0.06
+"""Random weights large enough that logits span more than a unit (transformers' own init makes them near-constant) and
+small enough that float32 rounding stays below the 1e-5 tolerance. The rounding depends on the CPU's kernels: at std
+0.1 the 4-layer model's captured features were 1.3e-5 to 2.9e-5 apart on an AVX-512 Xeon (three seeds) while
+passing elsewhere, and the deeper 3:1 stacks below drift up to 7e-5 apart (2.4e-5 on the 1:1 one), while both in float64
+(transformers' internal float32 casts patched out) agree to 1e-7. At 0.06 the largest float32 gap is 5.3e-6 on that
+Xeon (three seeds, features) and below 6e-6 over six seeds per layout variant."""
 
 
 def spread_weights_(model: torch.nn.Module, seed: int, std: float = WEIGHT_STD) -> None:
@@ -117,7 +113,7 @@ def test_multimodal_checkpoint_logits_and_features_equal_transformers(hf_multimo
         expected = reference(input_ids=ids[None], output_hidden_states=True)
     layers = [0, 1, 2, 3]
     out = ours(ids, torch.arange(100), ours.new_cache(), capture_layers=layers)
-    assert float(expected.logits.abs().max()) > 2.0
+    assert float(expected.logits.abs().max()) > 1.0
     torch.testing.assert_close(out.logits, expected.logits[0], rtol=0, atol=1e-5)
     features = torch.cat([expected.hidden_states[i + 1][0] for i in layers], dim=-1)
     torch.testing.assert_close(out.features, features, rtol=0, atol=1e-5)
@@ -162,9 +158,9 @@ def save_hf_multimodal(directory: Path, variant: CheckpointVariant) -> None:
                                         **HF_VISION_TOKENS, **variant.outer)
     torch.manual_seed(0)
     model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
-    spread_weights_(model.model.language_model, 1, LAYOUT_WEIGHT_STD)
+    spread_weights_(model.model.language_model, 1, WEIGHT_STD)
     if not model.config.tie_word_embeddings:
-        spread_weights_(model.lm_head, 2, LAYOUT_WEIGHT_STD)
+        spread_weights_(model.lm_head, 2, WEIGHT_STD)
     model.save_pretrained(directory)
     if variant.interval_only:
         raw = json.loads((directory / "config.json").read_text())

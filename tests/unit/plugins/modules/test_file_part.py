@@ -27,9 +27,8 @@ def copy_task(src: Path, dest: Path, parts: list[int] | None = None, **extra: An
     if parts is not None:
         every = file_parts([{"name": "f", "bytes": size}], PART_BYTES)
         loop = [every[index] for index in parts]
-    return {"name": "Copy", "pivot.ops.file_part": {"src": str(src), "dest": str(dest), "offset": "{{ item.offset }}",
-                                                     "size": "{{ item.size }}", **extra},
-            "loop": loop}
+    arguments = {"src": str(src), "dest": str(dest), "offset": "{{ item.offset }}", "size": "{{ item.size }}", **extra}
+    return {"name": "Copy", "pivot.ops.file_part": arguments, "loop": loop}
 
 
 def play(tmp_path: Path, tasks: list[dict], *args: str) -> list[dict]:
@@ -99,8 +98,8 @@ def test_check_mode_says_what_it_would_copy_and_writes_nothing(tmp_path, control
     assert os.listdir(host_dir) == []
 
 
-def test_a_file_that_changed_on_the_controller_during_the_copy_is_refused_and_removed(tmp_path, controller_file,
-                                                                                    host_dir) -> None:
+def test_a_file_that_changed_on_the_controller_during_the_copy_is_refused_and_removed(
+        tmp_path, controller_file, host_dir) -> None:
     dest = host_dir / "big.whl"
     changed = tmp_path / "controller" / "changed.whl"
     changed.write_bytes(os.urandom(controller_file.stat().st_size))
