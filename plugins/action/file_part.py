@@ -14,17 +14,10 @@ from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 from ansible.utils.hashing import checksum as sha1_checksum
+from ansible.utils.hashing import secure_hash
 
 READ_BLOCK = 8 << 20
 OWN_ARGS = ("src", "dest", "offset", "size")
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(READ_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def part_bounds(total: int, offset: object, size: object) -> tuple[int, int]:
@@ -98,7 +91,7 @@ class ActionModule(ActionBase):
         self._fixup_perms2((self._connection._shell.tmpdir, remote_part))
         module_args = {key: value for key, value in args.items() if key not in OWN_ARGS}
         module_args.update(src=remote_part, dest=dest, offset=offset, size=size, _total=total,
-                           _sha256=sha256_of(src) if offset + size == total else None)
+                           _sha256=secure_hash(src, hashlib.sha256) if offset + size == total else None)
         return self._execute_module(module_name="pivot.ops.file_part", module_args=module_args, task_vars=task_vars)
 
     def _holds_file(self, dest: str, src: str, total: int, task_vars: dict) -> bool:

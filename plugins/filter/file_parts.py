@@ -26,14 +26,12 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Ship the wheels, 64 MiB at a time
-  pivot.ops.file_part:
-    src: "/srv/wheelhouse/{{ item.name }}"
-    dest: "/opt/pivot/wheelhouse/{{ item.name }}"
-    offset: "{{ item.offset }}"
-    size: "{{ item.size }}"
-  loop: "{{ [{'name': 'torch.whl', 'bytes': 554618695}] | pivot.ops.file_parts(64 * 1048576) }}"
-  # -> 9 items: offsets 0, 67108864, ..., the last part 17749367 bytes
+- name: Where torch's wheel is cut into 64 MiB parts
+  ansible.builtin.debug:
+    msg: "{{ wheels | pivot.ops.file_parts(64 * 1048576) | map(attribute='offset') }}"
+  vars:
+    wheels: [{name: torch.whl, bytes: 554618695}]
+  # -> 9 offsets, 0, 67108864, ..., 536870912; the last part holds 17747783 bytes
 """
 
 RETURN = r"""

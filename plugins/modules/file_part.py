@@ -119,21 +119,12 @@ sha256:
   sample: 9f3c1d0e5b2a7c4f8e6d1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d
 """
 
-import hashlib
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
 PARTIAL_SUFFIX = ".pivot-part"
 READ_BLOCK = 8 << 20
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(READ_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def continuation_problem(partial: str, offset: int) -> str:
@@ -195,7 +186,7 @@ def run_module() -> None:
         module.fail_json(msg="the last part needs the whole file's SHA-256 (_sha256), which the action plugin "
                              "pivot.ops.file_part passes: call the module by that name, not as "
                              "ansible.legacy.file_part", **result)
-    copied = sha256_of(partial)
+    copied = module.digest_from_file(partial, "sha256")
     if copied != params["_sha256"]:
         os.unlink(partial)
         result.update(changed=False, copied=0)
