@@ -11,8 +11,9 @@
 #                                                                    the background, wait up to WAIT s, collect to $OUT
 #            tests/gpu/release_venv.sh wait WAIT                    wait for it again, collect
 # A device call that finds no machine costs device time too: send `setup` alone, and the pieces only once it answered.
-# The machine goes cold after 30 s without a call, and the run takes longer than one call may: send `start` and its
-# `wait` calls in one message, back to back. `wait` on a machine that has no run (a fresh one) says so at once.
+# The machine goes cold after 30 s without a call (composing the receive calls can take longer): if `start` says setup
+# is missing, send `setup` again (it keeps the pieces received), then `start` and its `wait` calls in one message, back
+# to back, since the run takes longer than one call may. `wait` on a machine that has no run says so at once.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 root=${PIVOT_RELEASE_GPU_DIR:-/tmp/pivot-release-gpu}
@@ -75,8 +76,15 @@ receive)
   mv "$@" "$root/pieces/" && echo "$(find "$root/pieces" -type f | wc -l) pieces"
   ;;
 start)
+  # a machine that went cold after setup keeps the pieces received since but has neither the venv nor the checksum
+  if [ ! -x "$root/ansible/bin/ansible-playbook" ] || [ ! -f "$root/SHA256" ]; then
+    echo "release_venv.sh: setup is missing on this machine (it went cold after setup?): send setup again," \
+      "carrying .release/ansible and .release/SHA256; it keeps the pieces already received" >&2
+    exit 1
+  fi
   [ "$(cd "$root/pieces" && cat p[0-9]* | sha256sum | cut -d' ' -f1)" = "$(cat "$root/SHA256")" ] \
-    || { echo "release_venv.sh: the pieces do not add up to the packed wheelhouse (one missing?)" >&2; exit 1; }
+    || { echo "release_venv.sh: the pieces do not add up to the packed wheelhouse (one missing?): compare" \
+              "$(find "$root/pieces" -type f | wc -l) received with the pieces made here" >&2; exit 1; }
   rm -rf "$root/work" "$root/exit_code" "$root/pid" && mkdir -p "$root/work/wheelhouse"
   (cd "$root/pieces" && cat p[0-9]*) | tar -x -C "$root/work/wheelhouse" || exit 1
   rm -rf "$root/pieces"
