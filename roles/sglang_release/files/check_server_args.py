@@ -19,7 +19,9 @@ such function is reported with every installed entry point of the group: more th
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import importlib.util
 import json
 import sys
 from typing import Any
@@ -32,10 +34,12 @@ GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"
 
 def load_plugins() -> dict[str, str | None] | None:
     """Load SGLang's plugins as the server does; the general ones it loaded, by name with their distribution."""
-    try:
-        from sglang.srt import plugins as registry  # noqa: PLC0415 - SGLang >= 0.5.12 only
-    except ImportError:
+    # SGLang's own import first, so that its failure (a missing dependency) is reported as itself; swallowed here, it
+    # left a half-imported package behind, and the next import died of "KeyError: 'sglang'" (seen with 0.5.11)
+    importlib.import_module("sglang.srt")
+    if importlib.util.find_spec("sglang.srt.plugins") is None:  # SGLang < 0.5.12 has no plugin system
         return None
+    registry = importlib.import_module("sglang.srt.plugins")
     loaded: dict[str, str | None] = {}
     select = getattr(registry, "load_plugins_by_group", None)
     if not callable(select):
