@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import labctl
 
@@ -307,18 +308,20 @@ def run_playbook(playbook: str, *extra_vars: str, check: bool = False, diff: boo
 
 @dataclass
 class BackgroundRun:
-    """An ansible-playbook run in its own process group with the default callback, read line by line as it goes."""
+    """An ansible-playbook run in its own process group (as a terminal's foreground job), read line by line as it
+    goes; each line is kept with the time it arrived."""
 
     process: subprocess.Popen[str]
-    lines: list[str] = field(default_factory=list)
-    _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    _queue: queue.Queue[tuple[float, str] | None] = field(default_factory=queue.Queue)
 
     @classmethod
-    def start(cls, playbook: str, *extra_vars: str) -> BackgroundRun:
+    def start(cls, playbook: str, *extra_vars: str, callback: str = "ansible.builtin.default",
+              env: dict[str, str] | None = None) -> Self:
         process = subprocess.Popen(
             ["ansible-playbook", f"playbooks/{playbook}", *_extra_var_args(extra_vars)], cwd=REPO,
-            env=_ansible_env("ansible.builtin.default"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)
+            env={**_ansible_env(callback), "ANSIBLE_NOCOLOR": "1", **(env or {})}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True)
         run = cls(process)
         threading.Thread(target=run._read, daemon=True).start()
         return run
@@ -326,7 +329,7 @@ class BackgroundRun:
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            self._queue.put(line)
+            self._queue.put((time.monotonic(), line.rstrip("\n")))
         self._queue.put(None)
 
     def wait_for_line(self, pattern: str, timeout: float) -> str:
@@ -335,19 +338,19 @@ class BackgroundRun:
         wanted = re.compile(pattern)
         while (left := deadline - time.monotonic()) > 0:
             try:
-                line = self._queue.get(timeout=left)
+                item = self._queue.get(timeout=left)
             except queue.Empty:
                 break
-            if line is None:
+            if item is None:
                 raise AssertionError(f"the run ended before printing {pattern!r}:\n{self.output[-4000:]}")
-            self.lines.append(line)
-            if wanted.search(line):
-                return line
+            self.lines.append(item)
+            if wanted.search(item[1]):
+                return item[1]
         raise AssertionError(f"the run printed no {pattern!r} within {timeout}s:\n{self.output[-4000:]}")
 
     @property
     def output(self) -> str:
-        return "".join(self.lines)
+        return "\n".join(line for _at, line in self.lines)
 
     def kill(self) -> None:
         """SIGKILL to the run and all it started, as when the operator's machine dies."""

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import labctl
@@ -25,52 +22,14 @@ PROGRESS = re.compile(r"^ct200: (?P<text>.*)$")
 T = TypeVar("T")
 
 
-@dataclass
-class TerminalRun:
-    """ansible-playbook started like from a terminal: its own process group (the terminal's foreground group), the
-    stdout callback from ansible.cfg (pivot.ops.progress). Lines are kept with the time they arrived."""
-
-    process: subprocess.Popen[str]
-    lines: list[tuple[float, str]] = field(default_factory=list)
-    _queue: queue.Queue[tuple[float, str] | None] = field(default_factory=queue.Queue)
+class TerminalRun(pivotlab.BackgroundRun):
+    """ansible-playbook started like from a terminal with the stdout callback from ansible.cfg (pivot.ops.progress),
+    its progress lines read as they arrive."""
 
     @classmethod
     def start(cls, playbook: str, *extra_vars: str, progress_interval: float | None = None) -> TerminalRun:
-        env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "pivot.ops.progress", "ANSIBLE_NOCOLOR": "1"}
-        if progress_interval is not None:
-            env["PIVOT_PROGRESS_INTERVAL"] = str(progress_interval)
-        args = [arg for value in extra_vars for arg in ("-e", value)]
-        process = subprocess.Popen(["ansible-playbook", f"playbooks/{playbook}", *args], cwd=pivotlab.REPO, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        run = cls(process)
-        threading.Thread(target=run._read, daemon=True).start()
-        return run
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self._queue.put((time.monotonic(), line.rstrip("\n")))
-        self._queue.put(None)
-
-    def wait_for_line(self, pattern: str, timeout: float) -> str:
-        """Waits until the run prints a line matching pattern; returns it."""
-        deadline = time.monotonic() + timeout
-        wanted = re.compile(pattern)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                item = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if item is None:
-                raise AssertionError(f"the run ended before printing {pattern!r}:\n{self.output[-4000:]}")
-            self.lines.append(item)
-            if wanted.search(item[1]):
-                return item[1]
-        raise AssertionError(f"the run printed no {pattern!r} within {timeout}s:\n{self.output[-4000:]}")
-
-    @property
-    def output(self) -> str:
-        return "\n".join(line for _at, line in self.lines)
+        env = {} if progress_interval is None else {"PIVOT_PROGRESS_INTERVAL": str(progress_interval)}
+        return super().start(playbook, *extra_vars, callback="pivot.ops.progress", env=env)
 
     def progress(self) -> list[tuple[float, str]]:
         """(arrival time, text) of every progress line printed for ct200 so far."""
@@ -84,12 +43,6 @@ class TerminalRun:
         except subprocess.TimeoutExpired as exc:
             self.kill()
             raise AssertionError(f"ansible-playbook did not end within {timeout}s of Ctrl-C") from exc
-
-    def kill(self) -> None:
-        """SIGKILL to the run and all it started, as when the operator's machine dies."""
-        if self.process.poll() is None:
-            pivotlab.kill_ansible_playbook(self.process.pid)
-        self.process.wait(timeout=30)
 
 
 def _on_ct200(script: str) -> str:

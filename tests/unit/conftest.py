@@ -111,6 +111,25 @@ def smi_fixture():
     return read
 
 
+# ansible-playbook's JSON output (ansible.posix.json) for the tests that run whole playbooks on this machine.
+JSON_OUTPUT_ENV = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+                   "NO_COLOR": "1"}
+PLAYBOOK_TIMEOUT_S = 300
+
+
+def run_playbook_json(inventory: str, playbook: str, *args: str, env: dict[str, str] | None = None,
+                      timeout: float = PLAYBOOK_TIMEOUT_S) -> tuple[int, dict]:
+    """``ansible-playbook -i INVENTORY PLAYBOOK ARGS...`` from this checkout's .venv, in the repository root: its exit
+    status and its output as ansible.posix.json prints it. ``env`` replaces os.environ (the JSON callback is added)."""
+    cmd = [os.path.join(REPO, ".venv", "bin", "ansible-playbook"), "-i", inventory, playbook, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env={**(os.environ if env is None else env), **JSON_OUTPUT_ENV},
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError as exc:
+        raise AssertionError(f"no JSON from {cmd}: {proc.stdout[-3000:]} {proc.stderr[-3000:]}") from exc
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as handle:

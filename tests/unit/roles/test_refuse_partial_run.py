@@ -4,30 +4,19 @@ machine, without the lab: the inventory is localhost alone, which the refusal ne
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_playbook_json
 
 REPO = Path(__file__).resolve().parents[3]
-PLAYBOOK_TIMEOUT_S = 300
 
 
 def run(playbook: str, *args: str) -> tuple[int, list[dict]]:
-    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-           "NO_COLOR": "1"}
-    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", f"playbooks/{playbook}", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S,
-                          check=False)
-    try:
-        result = json.loads(proc.stdout)
-    except ValueError as exc:
-        raise AssertionError(f"no JSON from {playbook}: {proc.stdout[-3000:]} {proc.stderr[-3000:]}") from exc
+    returncode, result = run_playbook_json("localhost,", f"playbooks/{playbook}", *args)
     ran = [{"task": task["task"]["name"], **res} for play in result["plays"] for task in play["tasks"]
            for res in task["hosts"].values()]
-    return proc.returncode, ran
+    return returncode, ran
 
 
 @pytest.mark.parametrize(("playbook", "args", "given"), [

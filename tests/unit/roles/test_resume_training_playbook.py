@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_playbook_json
 
 REPO = Path(__file__).resolve().parents[3]
 FILES = REPO / "lab" / "files"
 PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-PLAYBOOK_TIMEOUT_S = 300
 
 
 class Controller:
@@ -46,8 +46,7 @@ class Controller:
         shutil.copy(FILES / "gpus-h200x8.json", root / "gpus.json")
         self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                     "FAKE_NVIDIA_CONFIG": str(root / "gpus.json"), "FAKE_NVIDIA_STATE_DIR": str(root / "fake-nvidia"),
-                    "PIVOT_LAB_LIB": str(FILES), "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-                    "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "NO_COLOR": "1"}
+                    "PIVOT_LAB_LIB": str(FILES)}
         self.write_inventory()
 
     def trainer_flags(self) -> list[str]:
@@ -113,15 +112,9 @@ class Controller:
         (self.state / "ct200" / "last-stop.json").write_text(json.dumps(record, indent=2) + "\n")
 
     def run(self, *args: str) -> dict:
-        cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.root / "hosts.yml"),
-               "playbooks/resume_training.yml", *args]
-        proc = subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True,
-                              timeout=PLAYBOOK_TIMEOUT_S, check=False)
-        try:
-            result = json.loads(proc.stdout)
-        except ValueError as exc:
-            raise AssertionError(f"no JSON from {cmd}: {proc.stdout[-3000:]} {proc.stderr[-3000:]}") from exc
-        result["rc"] = proc.returncode
+        returncode, result = run_playbook_json(str(self.root / "hosts.yml"), "playbooks/resume_training.yml", *args,
+                                               env=self.env)
+        result["rc"] = returncode
         return result
 
     def job_pids(self) -> list[int]:
@@ -263,12 +256,9 @@ def test_rollback_with_the_resume_refuses_a_placeholder_before_it_touches_the_se
     # a serving host no task may reach: phase 0 must refuse before any play runs on it
     inventory["all"]["children"]["serving"] = {"hosts": {"pro6000": {"ansible_host": "192.0.2.1"}}}
     (controller.root / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(controller.root / "hosts.yml"),
-           "playbooks/rollback_nextn.yml", "-e", "resume_training_after_rollback=true"]
-    proc = subprocess.run(cmd, cwd=REPO, env=controller.env, capture_output=True, text=True,
-                          timeout=PLAYBOOK_TIMEOUT_S, check=False)
-    result = json.loads(proc.stdout)
-    assert proc.returncode != 0
+    returncode, result = run_playbook_json(str(controller.root / "hosts.yml"), "playbooks/rollback_nextn.yml",
+                                           "-e", "resume_training_after_rollback=true", env=controller.env)
+    assert returncode != 0
     assert [play["play"]["name"] for play in result["plays"]] == ["Phase 0: name the run"]
     assert len(failures(result)) == 1
     assert failures(result)[0].startswith("Invalid inputs for resuming training on ct200, nothing was touched: "
@@ -313,11 +303,8 @@ def test_the_role_alone_refuses_a_placeholder_with_the_same_rule(controller):
                  "resume_training_log_file": str(controller.log)}}]}]
     playbook = controller.root / "role.yml"
     playbook.write_text(yaml.safe_dump(play))
-    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(controller.root / "hosts.yml"), str(playbook)]
-    proc = subprocess.run(cmd, cwd=REPO, env=controller.env, capture_output=True, text=True,
-                          timeout=PLAYBOOK_TIMEOUT_S, check=False)
-    result = json.loads(proc.stdout)
-    assert proc.returncode != 0
+    returncode, result = run_playbook_json(str(controller.root / "hosts.yml"), str(playbook), env=controller.env)
+    assert returncode != 0
     [message] = failures(result)
     assert message.startswith("The resume command for ct200 still holds a placeholder: <CONFIRM: option> "
                               "(pivot_training_resume.command: /root/run.sh --resume=<CONFIRM: option>{checkpoint})")

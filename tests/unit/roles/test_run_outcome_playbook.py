@@ -7,16 +7,14 @@ baseline back with the inventory the run used."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import run_playbook_json
 
 REPO = Path(__file__).resolve().parents[3]
-PLAYBOOK_TIMEOUT_S = 300
 WORK_LOST = {"reason": "No new complete checkpoint matching /data/ckpt/step_* appeared within 900s.",
              "last_checkpoint": "/data/ckpt/step_000004000", "last_checkpoint_step": 4000, "last_logged_step": 5381,
              "steps_lost": 1381}
@@ -65,21 +63,12 @@ def run(root: Path, *args: str) -> dict[str, Any]:
     local = {"ansible_connection": "local", "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python")}
     inventory = {"all": {"hosts": {"ct200": local, "pro6000": local}}}
     (root / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(root / "hosts.yml"), str(root / "play.yml"),
-         "-e", f"report_dir={root / 'reports'}", *args],
-        cwd=REPO, env={**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-                       "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "NO_COLOR": "1"},
-        capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S, check=False,
-    )
-    try:
-        result = json.loads(proc.stdout)
-    except ValueError as exc:
-        raise AssertionError(f"no JSON: {proc.stdout[-3000:]} {proc.stderr[-3000:]}") from exc
+    returncode, result = run_playbook_json(str(root / "hosts.yml"), str(root / "play.yml"),
+                                           "-e", f"report_dir={root / 'reports'}", *args)
     messages = {(task["task"]["name"], host): outcome.get("msg")
                 for play in result["plays"] for task in play["tasks"] for host, outcome in task["hosts"].items()}
     report = root / "reports" / "pivot-t1.json"
-    return {"rc": proc.returncode, "messages": messages,
+    return {"rc": returncode, "messages": messages,
             "report": json.loads(report.read_text()) if report.exists() else None,
             "markdown": (root / "reports" / "pivot-t1.md").read_text() if report.exists() else ""}
 

@@ -110,3 +110,20 @@ def test_the_result_line_of_a_run_that_left_the_server_down_names_the_command_wi
     rolled_back = render([switch_phase({"release": "ddtree-16", "failure": "x", "rolled_back_to": "nextn-baseline"})])
     assert result_line(rolled_back).startswith(
         "**Result: FAILED: ddtree-16 failed; rolled back to nextn-baseline, which serves again**")
+
+
+def test_the_training_gpus_show_what_the_job_held_before_the_stop_and_after_the_release() -> None:
+    preflight = [
+        {"phase": "preflight", "host": "ct200", "status": "ok", "seconds": 1.0, "started": 0,
+         "findings": {"side": "training", "checks": [], "gpu_used_mib": [61449, 61449]}},
+        {"phase": "preflight", "host": "pro6000", "status": "ok", "seconds": 1.0, "started": 0,
+         "findings": {"side": "serving", "checks": [], "gpu_used_mib": [90000, 90000]}},
+    ]
+    released = {"phase": "gpu_release", "host": "ct200", "status": "ok", "seconds": 3.0, "started": 2,
+                "findings": {"used_mib_before": [4096, 0], "used_mib_after": [0, 0], "released": True}}
+    text = render([*preflight, stop_phase({"work_lost": None}), released])
+    row = "| training GPUs, MiB used: at preflight -> when the stop ended -> released |"
+    assert f"{row} 61449 61449 -> 4096 0 -> 0 0 |" in text
+    # check mode: nothing was stopped, so nothing was waited for
+    unread = render([stop_phase({"work_lost": None}), {**released, "findings": {"used_mib_before": [0, 0]}}])
+    assert f"{row} - -> 0 0 -> - |" in unread

@@ -4,9 +4,7 @@ and module), and the module's own refusals."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 import yaml
 from ansible_collections.pivot.ops.plugins.filter.file_parts import file_parts
 from ansible_collections.pivot.ops.plugins.modules import file_part
+from conftest import run_playbook_json
 
 REPO = Path(__file__).resolve().parents[4]
 PART_BYTES = 1000
@@ -37,17 +36,8 @@ def play(tmp_path: Path, tasks: list[dict], *args: str) -> list[dict]:
         [{"hosts": "here", "gather_facts": False, "tasks": tasks}], sort_keys=False))
     local = {"ansible_connection": "local", "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python")}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"here": local}}}))
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
-         str(tmp_path / "play.yml"), *args],
-        cwd=REPO, env={**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-                       "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "NO_COLOR": "1"},
-        capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S, check=False,
-    )
-    try:
-        result = json.loads(proc.stdout)
-    except ValueError as exc:
-        raise AssertionError(f"no JSON: {proc.stdout[-3000:]} {proc.stderr[-3000:]}") from exc
+    _rc, result = run_playbook_json(str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"), *args,
+                                    timeout=PLAYBOOK_TIMEOUT_S)
     return [task["hosts"]["here"] for play in result["plays"] for task in play["tasks"]]
 
 
