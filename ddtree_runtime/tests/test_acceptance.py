@@ -18,6 +18,7 @@ import pytest
 import torch
 from ddtree_runtime.acceptance import __main__ as acceptance_cli
 from ddtree_runtime.acceptance.__main__ import main as acceptance_main
+from ddtree_runtime.acceptance.environment import skip_reason
 from ddtree_runtime.acceptance.launch import (
     COMMON_FLAGS,
     ServerError,
@@ -151,6 +152,24 @@ def test_server_command_and_environment_select_the_plugin_like_the_unit() -> Non
     assert "DDTREE_TOPK" not in env, "a caller's DDTREE_* must not leak into a server"
     assert env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1"
     assert "--disable-cuda-graph" in server_command(ddtree_spec(16, cuda_graphs=False), "python3", 1)
+    assert "--tp-size" not in argv and "DDTREE_DEBUG_TREE_DIGEST" not in env
+    assert env["NCCL_NVLS_ENABLE"] == "0", "NVLink multicast is off for every server"
+
+
+def test_at_tensor_parallel_2_every_server_runs_on_two_gpus_and_its_ranks_compare_their_trees() -> None:
+    spec = ddtree_spec(16)
+    argv = server_command(spec, "python3", 31000, "bfloat16", tp_size=2)
+    assert argv[argv.index("--tp-size") + 1] == "2"
+    env = server_environment(spec, {"NCCL_NVLS_ENABLE": "1", "DDTREE_DEBUG_TREE_DIGEST": "0"}, tp_size=2)
+    assert env["DDTREE_DEBUG_TREE_DIGEST"] == "1"
+    assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"], env["NVSHMEM_DISABLE_NVLS"]) == (
+        "0", "1", "1"), "a caller's environment cannot turn NVLink multicast on"
+
+
+def test_the_suite_skips_when_it_has_fewer_gpus_than_the_tp_size() -> None:
+    environment = {"python": "python3", "cuda_available": True, "sglang": "0.5.23", "gpu_count": 1}
+    assert skip_reason(environment) is None
+    assert skip_reason(environment, tp_size=2) == "--tp-size 2 needs 2 GPUs; torch sees 1"
 
 
 def test_plan_steps_and_refusals() -> None:

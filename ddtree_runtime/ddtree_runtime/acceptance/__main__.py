@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="start no further step after this many seconds (exit 3; go on with --resume)")
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, help=f"--dtype of every server (default {DEFAULT_DTYPE})")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--tp-size", type=int, default=1,
+                        help="--tp-size of every server; above 1 each round's tree digest is compared across ranks "
+                             "(DDTREE_DEBUG_TREE_DIGEST) and NCCL's NVLink multicast is off")
     parser.add_argument("--health-timeout", type=float, default=600.0,
                         help="seconds a server may take to answer /health_generate (first starts compile kernels)")
     parser.add_argument("--left-out", action="append", default=[],
@@ -43,15 +46,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    environment = describe_environment(args.python, args.left_out)
-    reason = skip_reason(environment)
+    environment = {**describe_environment(args.python, args.left_out), "tp_size": args.tp_size}
+    reason = skip_reason(environment, args.tp_size)
     if reason is not None:
         write_report(args.out, environment, results=[], servers=[], skipped=reason, figures={},
                      max_new_tokens=args.max_new_tokens)
         print(f"acceptance: skipped: {reason}")
         return 0
     steps = select_steps(args.plan, args.only)
-    settings = SuiteSettings(args.python, args.max_new_tokens, args.health_timeout, args.dtype)
+    settings = SuiteSettings(args.python, args.max_new_tokens, args.health_timeout, args.dtype,
+                             args.tp_size)
     suite = make_suite(args.out, settings, args.resume)
     # Steps named with --only run again even when an earlier run finished them.
     suite.steps_done = [name for name in suite.steps_done if name not in args.only]

@@ -20,6 +20,7 @@ try:
     import torch
     info["cuda_available"] = torch.cuda.is_available()
     info["torch_cuda"] = torch.version.cuda
+    info["gpu_count"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         info["gpu"] = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
@@ -63,7 +64,7 @@ def _nvidia_smi() -> str | None:
     return answer.stdout.strip() or None
 
 
-def skip_reason(environment: dict[str, Any]) -> str | None:
+def skip_reason(environment: dict[str, Any], tp_size: int = 1) -> str | None:
     """Why the suite cannot run here, or None."""
     if "probe_error" in environment:
         return f"the server interpreter {environment['python']} could not be probed: {environment['probe_error']}"
@@ -72,4 +73,6 @@ def skip_reason(environment: dict[str, Any]) -> str | None:
                                                   else f"(torch {environment.get('torch')})")
     if environment.get("sglang") is None:
         return f"SGLang is not installed for {environment['python']}"
+    if environment.get("gpu_count", 1) < tp_size:
+        return f"--tp-size {tp_size} needs {tp_size} GPUs; torch sees {environment.get('gpu_count')}"
     return None

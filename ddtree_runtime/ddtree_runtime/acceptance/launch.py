@@ -45,6 +45,14 @@ has no sgl_kernel rmsnorm."""
 STRICT_MEMORY_CHECK = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 """SGLang's own idle-time KV/req pool leak check raises instead of warning."""
 
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""NVLink multicast off in NCCL, PyTorch and NVSHMEM for every server, whatever environment it is started from: on
+the shared multi-GPU test machines a program that uses it can put the host's GPUs out of service."""
+
+TREE_DIGEST = {"DDTREE_DEBUG_TREE_DIGEST": "1"}
+"""At ``--tp-size`` above 1: every round each rank logs a digest of the tree it built and the ranks compare them; a
+mismatch raises in the worker, so a server whose ranks would decode different trees fails its case."""
+
 
 @dataclass(frozen=True)
 class ServerSpec:
@@ -72,10 +80,13 @@ class ServerSpec:
         }
 
 
-def server_command(spec: ServerSpec, python: str, port: int, dtype: str = DEFAULT_DTYPE) -> list[str]:
-    """The exact argv of ``spec``'s server."""
+def server_command(spec: ServerSpec, python: str, port: int, dtype: str = DEFAULT_DTYPE,
+                   tp_size: int = 1) -> list[str]:
+    """The exact argv of ``spec``'s server, on ``tp_size`` GPUs."""
     argv = [python, "-m", "sglang.launch_server", "--model-path", str(spec.model_path),
             "--host", "127.0.0.1", "--port", str(port), *COMMON_FLAGS, "--dtype", dtype]
+    if tp_size > 1:
+        argv += ["--tp-size", str(tp_size)]
     if spec.algorithm is not None:
         argv += ["--speculative-algorithm", spec.algorithm]
         if spec.draft_model_path is not None:
@@ -87,10 +98,13 @@ def server_command(spec: ServerSpec, python: str, port: int, dtype: str = DEFAUL
     return argv + list(spec.extra_flags)
 
 
-def server_environment(spec: ServerSpec, base: Mapping[str, str]) -> dict[str, str]:
+def server_environment(spec: ServerSpec, base: Mapping[str, str], tp_size: int = 1) -> dict[str, str]:
     """``base`` plus what the unit sets for the plugin; other plugins are never loaded (``SGLANG_PLUGINS``)."""
     env = {key: value for key, value in base.items() if not key.startswith("DDTREE_")}
     env.update(STRICT_MEMORY_CHECK)
+    env.update(MULTICAST_OFF)
+    if tp_size > 1:
+        env.update(TREE_DIGEST)
     env["SGLANG_PLUGINS"] = "ddtree"
     env["PYTHONUNBUFFERED"] = "1"
     if spec.budget is not None:
@@ -219,13 +233,13 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def start_server(spec: ServerSpec, python: str, log_dir: Path, dtype: str = DEFAULT_DTYPE,
-                 base_env: Mapping[str, str] | None = None) -> Server:
+def start_server(spec: ServerSpec, python: str, log_dir: Path, dtype: str = DEFAULT_DTYPE, *,
+                 base_env: Mapping[str, str] | None = None, tp_size: int = 1) -> Server:
     """Start ``spec``'s server in its own session, its output in ``log_dir/<name>.log``."""
     port = free_port()
-    command = server_command(spec, python, port, dtype)
+    command = server_command(spec, python, port, dtype, tp_size)
     log_path = log_dir / f"{spec.name}.log"
-    env = server_environment(spec, os.environ if base_env is None else base_env)
+    env = server_environment(spec, os.environ if base_env is None else base_env, tp_size)
     with log_path.open("wb") as log:
         log.write((" ".join(command) + "\n").encode())
         log.flush()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_runtime.acceptance import round_cost
-from ddtree_runtime.acceptance.launch import COMMON_FLAGS, STRICT_MEMORY_CHECK
+from ddtree_runtime.acceptance.launch import COMMON_FLAGS, MULTICAST_OFF, STRICT_MEMORY_CHECK, TREE_DIGEST
 from ddtree_runtime.acceptance.round_cost import round_cost_rows
 from ddtree_runtime.acceptance.suite import CaseResult
 from ddtree_runtime.acceptance.throughput import BATCH_1_REQUESTS, BATCH_16_REQUESTS, throughput_rows
@@ -74,7 +74,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
     lines = ["# DDTree GPU acceptance: stock SGLang with the ddtree_runtime plugin", ""]
     lines.append(f"- When: {payload['when']}")
     for key in ("gpu", "nvidia_smi", "sglang", "sglang-kernel", "torch", "torch_cuda", "flashinfer-python", "triton",
-                "transformers", "tokenizers", "xgrammar", "ddtree_runtime", "ddtree_kernels", "python"):
+                "transformers", "tokenizers", "xgrammar", "ddtree_runtime", "ddtree_kernels", "python", "tp_size"):
         if key in env:
             lines.append(f"- {key}: {env[key]}")
     if env.get("left_out"):
@@ -112,7 +112,8 @@ def write_report(out_dir: Path, environment: dict[str, Any], results: list[CaseR
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": environment,
         "common_flags": list(COMMON_FLAGS),
-        "environment_vars": dict(STRICT_MEMORY_CHECK),
+        "environment_vars": {**STRICT_MEMORY_CHECK, **MULTICAST_OFF,
+                             **(TREE_DIGEST if environment.get("tp_size", 1) > 1 else {})},
         "skipped": skipped,
         "results": [r.as_dict() for r in results],
         "throughput": {"max_new_tokens": max_new_tokens, "servers": throughput, "table": throughput_rows(throughput)},

@@ -192,6 +192,8 @@ class SuiteSettings:
     max_new_tokens: int = 128
     health_timeout: float = 600.0
     dtype: str = DEFAULT_DTYPE
+    tp_size: int = 1
+    """``--tp-size`` of every server (tensor parallel over that many GPUs)."""
 
 
 class Suite:
@@ -202,6 +204,7 @@ class Suite:
         self.max_new_tokens = settings.max_new_tokens
         self.health_timeout = settings.health_timeout
         self.dtype = settings.dtype
+        self.tp_size = settings.tp_size
         self.results: list[CaseResult] = []
         self.servers: list[dict[str, Any]] = []
         self.baseline: GreedyRun | None = None
@@ -240,6 +243,7 @@ class Suite:
         return {
             "dtype": self.dtype,
             "max_new_tokens": self.max_new_tokens,
+            "tp_size": self.tp_size,
             "results": [r.as_dict() for r in self.results],
             "servers": self.servers,
             "baseline": None if self.baseline is None else vars(self.baseline),
@@ -247,6 +251,7 @@ class Suite:
             "baseline_samples": self.baseline_samples,
             "baseline_logprobs": self.baseline_logprobs,
             "hybrid_baseline": None if self.hybrid_baseline is None else vars(self.hybrid_baseline),
+            "hybrid_baseline_name": self.hybrid_baseline_name,
             "hybrid_baseline_requests": self.hybrid_baseline_requests,
             "margins": self.margins,
             "margin_paths": self.margin_paths,
@@ -272,9 +277,10 @@ class Suite:
         if not path.is_file():
             return
         state = json.loads(path.read_text())
-        if (state["dtype"], state["max_new_tokens"]) != (self.dtype, self.max_new_tokens):
-            raise ValueError(f"{path} was made with dtype {state['dtype']} and {state['max_new_tokens']} new tokens; "
-                             "resume with the same settings or use another --out")
+        made_with = (state["dtype"], state["max_new_tokens"], state.get("tp_size", 1))
+        if made_with != (self.dtype, self.max_new_tokens, self.tp_size):
+            raise ValueError(f"{path} was made with dtype {made_with[0]}, {made_with[1]} new tokens and --tp-size "
+                             f"{made_with[2]}; resume with the same settings or use another --out")
         self.results = [CaseResult(**r) for r in state["results"]]
         self.servers = state["servers"]
         self.baseline = None if state["baseline"] is None else GreedyRun(**state["baseline"])
@@ -283,6 +289,7 @@ class Suite:
         self.baseline_logprobs = state["baseline_logprobs"]
         hybrid = state["hybrid_baseline"]
         self.hybrid_baseline = None if hybrid is None else GreedyRun(**hybrid)
+        self.hybrid_baseline_name = state.get("hybrid_baseline_name", self.hybrid_baseline_name)
         self.hybrid_baseline_requests = state.get("hybrid_baseline_requests")
         self.margins = state["margins"]
         # A state written before the paths were kept has none: its margins then count as unknown.
@@ -317,7 +324,8 @@ class Suite:
     def with_server(self, spec: ServerSpec, body: Callable[[Server], None]) -> None:
         """Start ``spec``, run ``body`` on it, stop it; a start or body failure is recorded, not raised."""
         self.forget(spec.name)
-        server = start_server(spec, self.python, self.out_dir, self.dtype)
+        server = start_server(spec, self.python, self.out_dir, self.dtype,
+                              tp_size=self.tp_size)
         entry: dict[str, Any] = {**spec.describe(), "command": server.command, "log": server.log_path.name}
         self.servers.append(entry)
         try:
@@ -627,7 +635,8 @@ class Suite:
 
     def run_refusal(self, spec: ServerSpec, expected: str, timeout: float = 240.0) -> None:
         self.forget(spec.name)
-        server = start_server(spec, self.python, self.out_dir, self.dtype)
+        server = start_server(spec, self.python, self.out_dir, self.dtype,
+                              tp_size=self.tp_size)
         code = server.wait_exit(timeout)
         text = server.log_text()
         found = expected in text
