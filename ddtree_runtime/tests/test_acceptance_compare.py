@@ -31,11 +31,14 @@ def write_run(directory: Path, *, tp_size: int, dense: list[list[int]], hybrid: 
     """An out directory as the suite leaves it: the baselines' outputs, their margins along the same paths."""
     directory.mkdir(parents=True)
     runs = {"baseline": dense, **({"hybrid-trained-baseline": hybrid} if hybrid is not None else {})}
+
+    def greedy_run(outputs: list[list[int]]) -> dict[str, Any]:
+        return {"outputs": outputs, "completion_tokens": 1, "verify_rounds": 1, "seconds": 1.0}
+
     state = {
         "dtype": dtype, "max_new_tokens": LENGTH, "tp_size": tp_size,
-        "baseline": {"outputs": dense, "completion_tokens": 1, "verify_rounds": 1, "seconds": 1.0},
-        "hybrid_baseline": None if hybrid is None else {"outputs": hybrid, "completion_tokens": 1,
-                                                         "verify_rounds": 1, "seconds": 1.0},
+        "baseline": greedy_run(dense),
+        "hybrid_baseline": None if hybrid is None else greedy_run(hybrid),
         "hybrid_baseline_name": "hybrid-trained-baseline",
         "margins": {name: {prompt: [gap] * LENGTH for prompt in NAMES} for name in runs},
         "margin_paths": {name: dict(zip(NAMES, run, strict=True)) for name, run in runs.items()},
