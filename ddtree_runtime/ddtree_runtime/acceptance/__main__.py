@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"acceptance: skipped: {reason}")
         return 0
     steps = select_steps(args.plan, args.only)
-    settings = SuiteSettings(args.python, args.max_new_tokens, args.health_timeout, args.dtype,
-                             args.tp_size)
+    settings = SuiteSettings(args.python, args.max_new_tokens, args.health_timeout, args.dtype, args.tp_size)
     suite = make_suite(args.out, settings, args.resume)
     # Steps named with --only run again even when an earlier run finished them.
     suite.steps_done = [name for name in suite.steps_done if name not in args.only]

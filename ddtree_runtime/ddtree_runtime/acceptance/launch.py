@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddtree_runtime.sglang.config import ENV_BUDGET, ENV_DEBUG_TREE_DIGEST
+
 COMMON_FLAGS: tuple[str, ...] = (
     # No --skip-tokenizer-init: the models ship their tokenizer (the byte vocabulary as a Hugging Face tokenizer), so
     # SGLang loads it, and with it the processor of a multimodal target, stop strings and the xgrammar grammar
@@ -49,7 +51,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 """NVLink multicast off in NCCL, PyTorch and NVSHMEM for every server, whatever environment it is started from: on
 the shared multi-GPU test machines a program that uses it can put the host's GPUs out of service."""
 
-TREE_DIGEST = {"DDTREE_DEBUG_TREE_DIGEST": "1"}
+TREE_DIGEST = {ENV_DEBUG_TREE_DIGEST: "1"}
 """At ``--tp-size`` above 1: every round each rank logs a digest of the tree it built and the ranks compare them; a
 mismatch raises in the worker, so a server whose ranks would decode different trees fails its case."""
 
@@ -108,7 +110,7 @@ def server_environment(spec: ServerSpec, base: Mapping[str, str], tp_size: int =
     env["SGLANG_PLUGINS"] = "ddtree"
     env["PYTHONUNBUFFERED"] = "1"
     if spec.budget is not None:
-        env["DDTREE_BUDGET"] = str(spec.budget)
+        env[ENV_BUDGET] = str(spec.budget)
     env.update(dict(spec.extra_env))
     return env
 

@@ -324,8 +324,7 @@ class Suite:
     def with_server(self, spec: ServerSpec, body: Callable[[Server], None]) -> None:
         """Start ``spec``, run ``body`` on it, stop it; a start or body failure is recorded, not raised."""
         self.forget(spec.name)
-        server = start_server(spec, self.python, self.out_dir, self.dtype,
-                              tp_size=self.tp_size)
+        server = start_server(spec, self.python, self.out_dir, self.dtype, tp_size=self.tp_size)
         entry: dict[str, Any] = {**spec.describe(), "command": server.command, "log": server.log_path.name}
         self.servers.append(entry)
         try:
@@ -635,8 +634,7 @@ class Suite:
 
     def run_refusal(self, spec: ServerSpec, expected: str, timeout: float = 240.0) -> None:
         self.forget(spec.name)
-        server = start_server(spec, self.python, self.out_dir, self.dtype,
-                              tp_size=self.tp_size)
+        server = start_server(spec, self.python, self.out_dir, self.dtype, tp_size=self.tp_size)
         code = server.wait_exit(timeout)
         text = server.log_text()
         found = expected in text

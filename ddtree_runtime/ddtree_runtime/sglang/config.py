@@ -24,6 +24,8 @@ MAX_BUDGET = 1024
 ENV_BUDGET = "DDTREE_BUDGET"
 ENV_TOPK = "DDTREE_TOPK"
 ENV_VERIFY_TOPK = "DDTREE_VERIFY_TOPK"
+ENV_DEBUG_TREE_DIGEST = "DDTREE_DEBUG_TREE_DIGEST"
+"""``1``: each round, log a digest of the trees and compare it across TP ranks (a host read per round)."""
 DEFAULT_VERIFY_TOPK = 2
 
 

@@ -43,7 +43,7 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 
 from ddtree_runtime import ops
 from ddtree_runtime.ops import VerifyInputs
-from ddtree_runtime.sglang.config import resolve_settings
+from ddtree_runtime.sglang.config import ENV_DEBUG_TREE_DIGEST, resolve_settings
 from ddtree_runtime.sglang.tree_inputs import (
     AcceptedPaths,
     accepted_first_order,
@@ -58,9 +58,6 @@ from ddtree_runtime.sglang.tree_inputs import (
 from ddtree_runtime.tree import build_tree_batch_from_topk
 
 logger = logging.getLogger(__name__)
-
-DIGEST_ENV = "DDTREE_DEBUG_TREE_DIGEST"
-"""``1``: each round, log a digest of the trees and compare it across TP ranks (a host read per round)."""
 
 
 @dataclass
@@ -109,7 +106,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.ddtree = resolve_settings(int(self.block_size))
         self._refuse_unsupported_drafting()
         self._compiled = uses_compiled_kernels()
-        self._check_digests = os.environ.get(DIGEST_ENV, "") == "1"
+        self._check_digests = os.environ.get(ENV_DEBUG_TREE_DIGEST, "") == "1"
         self._round = 0
         logger.info(
             "DDTree worker: draft length %d, budget %d, top-k cap %s, verify width %d, tree builder %s",
