@@ -31,6 +31,7 @@ import sys
 import tempfile
 import traceback
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, BinaryIO
 
 # What every command imports first and what costs the seconds; none of it loads plugins or reads DDTREE_*.
@@ -126,8 +127,6 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
     import contextlib
     import io
     import os
-    import tempfile
-    from pathlib import Path
 
     from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
     from ddtree_runtime.acceptance.launch import server_command, server_environment
@@ -137,35 +136,37 @@ def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
     from sglang.srt.server_args import prepare_server_args
 
     _loaded()
-    models = Path(tempfile.mkdtemp(prefix="acceptance-models-"))
-    write_hybrid_pair(models)
-    write_round_cost_pair(models)
-    cases = [(spec, None) for spec in serving_specs(models)] + refusal_specs()
-    outcome = {}
-    for spec, expected in cases:
-        argv = server_command(spec, "python3", 30000)[3:]
-        saved = dict(os.environ)
-        os.environ.update(server_environment(spec, {}))
-        stderr = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(stderr):
-                args = prepare_server_args(argv)
-                if args.speculative_algorithm == "DDTREE":
-                    # The server validates at launch (the GPU run's refusal step sees that); here as resolve-spec does.
-                    args.device = "cuda"
-                    algorithm = _loaded().from_string("DDTREE")
-                    record_foreign_defaults(args, "contract.validate", algorithm.validate_server_args)
-            outcome[spec.name] = {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
-                                  "draft_tokens": args.speculative_num_draft_tokens,
-                                  "load_format": args.load_format,
-                                  "draft_load_format": args.speculative_draft_load_format,
-                                  "skip_tokenizer_init": args.skip_tokenizer_init}
-        except BaseException as error:  # argparse exits with SystemExit; the plugin raises ValueError
-            outcome[spec.name] = {"ok": False, "expected": expected,
-                                  "error": f"{type(error).__name__}: {error}\n{stderr.getvalue()[-2000:]}"}
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with tempfile.TemporaryDirectory(prefix="acceptance-models-") as directory:
+        models = Path(directory)
+        write_hybrid_pair(models)
+        write_round_cost_pair(models)
+        cases = [(spec, None) for spec in serving_specs(models)] + refusal_specs()
+        outcome = {}
+        for spec, expected in cases:
+            argv = server_command(spec, "python3", 30000)[3:]
+            saved = dict(os.environ)
+            os.environ.update(server_environment(spec, {}))
+            stderr = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(stderr):
+                    args = prepare_server_args(argv)
+                    if args.speculative_algorithm == "DDTREE":
+                        # The server validates at launch (the GPU run's refusal step sees that); here as
+                        # resolve-spec does.
+                        args.device = "cuda"
+                        algorithm = _loaded().from_string("DDTREE")
+                        record_foreign_defaults(args, "contract.validate", algorithm.validate_server_args)
+                outcome[spec.name] = {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
+                                      "draft_tokens": args.speculative_num_draft_tokens,
+                                      "load_format": args.load_format,
+                                      "draft_load_format": args.speculative_draft_load_format,
+                                      "skip_tokenizer_init": args.skip_tokenizer_init}
+            except BaseException as error:  # argparse exits with SystemExit; the plugin raises ValueError
+                outcome[spec.name] = {"ok": False, "expected": expected,
+                                      "error": f"{type(error).__name__}: {error}\n{stderr.getvalue()[-2000:]}"}
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
     return {"specs": outcome, "hybrid_flags": list(HYBRID_FLAGS)}
 
 
@@ -275,9 +276,12 @@ def _tokenizer_start(argv: list[str]) -> dict[str, Any]:
 def cmd_acceptance_tokenizers(_unused: list[str]) -> dict[str, Any]:
     """Each model the acceptance suite serves, started with its baseline server's exact command line
     (:func:`_tokenizer_start`), and the first GPU run's hybrid target without its processor files."""
+    with tempfile.TemporaryDirectory(prefix="acceptance-models-") as directory:
+        return _tokenizer_starts(Path(directory))
+
+
+def _tokenizer_starts(models: Path) -> dict[str, Any]:
     import shutil
-    import tempfile
-    from pathlib import Path
 
     from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
     from ddtree_runtime.acceptance.launch import server_command
@@ -285,7 +289,6 @@ def cmd_acceptance_tokenizers(_unused: list[str]) -> dict[str, Any]:
     from ddtree_runtime.acceptance.round_cost import write_round_cost_pair
     from sglang.srt.utils.hf_transformers.processor import get_processor
 
-    models = Path(tempfile.mkdtemp(prefix="acceptance-models-"))
     target, _drafter = write_hybrid_pair(models)
     write_round_cost_pair(models)
     baselines = {spec.name: spec for spec in serving_specs(models) if spec.algorithm is None and spec.cuda_graphs}
@@ -397,7 +400,6 @@ def cmd_commit_features(_unused: list[str]) -> dict[str, Any]:
 def cmd_smoke_request(_unused: list[str]) -> dict[str, Any]:
     """The release smoke request as SGLang's OpenAI layer parses it."""
     import importlib.util
-    from pathlib import Path
 
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
