@@ -64,8 +64,7 @@ def cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
-def test_a_second_run_reuses_the_compiled_code_and_its_tracebacks_name_its_own_archive(tmp_path: Path,
-                                                                                        cache: Path) -> None:
+def test_a_second_run_reuses_the_code_and_its_tracebacks_name_its_own_archive(tmp_path: Path, cache: Path) -> None:
     first_archive = write_archive(tmp_path / "run1" / "payload.zip", value=1)
     first = import_from(first_archive, cache)
     stored = entries(cache)
