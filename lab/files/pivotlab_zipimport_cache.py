@@ -19,6 +19,7 @@ from importlib._bootstrap_external import MAGIC_NUMBER  # importlib.util would i
 CACHE_DIR = os.environ.get("PIVOT_LAB_PYC_CACHE", "/var/cache/pivot-lab-pyc")
 _ARCHIVE_SUFFIX = ".zip" + os.sep
 _CodeType = type(compile("", "", "exec"))
+_compile_source = zipimport._compile_source  # the one function the cache stands in front of
 
 
 def _with_filename(code: _CodeType, filename: str) -> _CodeType:
@@ -63,16 +64,9 @@ def cached_compile_source(pathname: str, source: bytes) -> _CodeType:
     path = _cache_path(pathname, source)
     code = _load(path, pathname)
     if code is None:
-        code = compile_source(pathname, source)
+        code = _compile_source(pathname, source)
         _store(path, code)
     return code
 
 
-compile_source = zipimport._compile_source  # the one function the cache stands in front of
-
-
-def install() -> None:
-    zipimport._compile_source = cached_compile_source
-
-
-install()
+zipimport._compile_source = cached_compile_source

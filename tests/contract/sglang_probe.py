@@ -23,6 +23,7 @@ when a kernel module is imported, not when the kernel runs.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import json
@@ -30,6 +31,7 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -120,54 +122,62 @@ def cmd_resolve_spec(argv: list[str]) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _acceptance_models() -> Iterator[tuple[Path, Path]]:
+    """The acceptance suite's model pairs (hybrid and round-cost) in a scratch directory that is removed afterwards:
+    yields the directory and the hybrid target."""
+    from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
+    from ddtree_runtime.acceptance.round_cost import write_round_cost_pair
+
+    with tempfile.TemporaryDirectory(prefix="acceptance-models-") as directory:
+        models = Path(directory)
+        target, _drafter = write_hybrid_pair(models)
+        write_round_cost_pair(models)
+        yield models, target
+
+
 def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
     """Every server command line of the GPU acceptance suite, through SGLang's own ``prepare_server_args`` with
     the plugin loaded and each server's environment: the serving ones must parse, the refusals must fail with the
     plugin's message."""
-    import contextlib
-    import io
-    import os
-
-    from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
-    from ddtree_runtime.acceptance.launch import server_command, server_environment
     from ddtree_runtime.acceptance.plan import HYBRID_FLAGS, refusal_specs, serving_specs
-    from ddtree_runtime.acceptance.round_cost import write_round_cost_pair
+
+    _loaded()
+    with _acceptance_models() as (models, _target):
+        cases = [(spec, None) for spec in serving_specs(models)] + refusal_specs()
+        outcome = {spec.name: _parsed_command(spec, expected) for spec, expected in cases}
+    return {"specs": outcome, "hybrid_flags": list(HYBRID_FLAGS)}
+
+
+def _parsed_command(spec: Any, expected: str | None) -> dict[str, Any]:
+    """One acceptance server's command line through ``prepare_server_args``, in that server's environment."""
+    import io
+
+    from ddtree_runtime.acceptance.launch import server_command, server_environment
     from sglang.srt.arg_groups.overrides import record_foreign_defaults
     from sglang.srt.server_args import prepare_server_args
 
-    _loaded()
-    with tempfile.TemporaryDirectory(prefix="acceptance-models-") as directory:
-        models = Path(directory)
-        write_hybrid_pair(models)
-        write_round_cost_pair(models)
-        cases = [(spec, None) for spec in serving_specs(models)] + refusal_specs()
-        outcome = {}
-        for spec, expected in cases:
-            argv = server_command(spec, "python3", 30000)[3:]
-            saved = dict(os.environ)
-            os.environ.update(server_environment(spec, {}))
-            stderr = io.StringIO()
-            try:
-                with contextlib.redirect_stderr(stderr):
-                    args = prepare_server_args(argv)
-                    if args.speculative_algorithm == "DDTREE":
-                        # The server validates at launch (the GPU run's refusal step sees that); here as
-                        # resolve-spec does.
-                        args.device = "cuda"
-                        algorithm = _loaded().from_string("DDTREE")
-                        record_foreign_defaults(args, "contract.validate", algorithm.validate_server_args)
-                outcome[spec.name] = {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
-                                      "draft_tokens": args.speculative_num_draft_tokens,
-                                      "load_format": args.load_format,
-                                      "draft_load_format": args.speculative_draft_load_format,
-                                      "skip_tokenizer_init": args.skip_tokenizer_init}
-            except BaseException as error:  # argparse exits with SystemExit; the plugin raises ValueError
-                outcome[spec.name] = {"ok": False, "expected": expected,
-                                      "error": f"{type(error).__name__}: {error}\n{stderr.getvalue()[-2000:]}"}
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
-    return {"specs": outcome, "hybrid_flags": list(HYBRID_FLAGS)}
+    argv = server_command(spec, "python3", 30000)[3:]
+    saved = dict(os.environ)
+    os.environ.update(server_environment(spec, {}))
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = prepare_server_args(argv)
+            if args.speculative_algorithm == "DDTREE":
+                # The server validates at launch (the GPU run's refusal step sees that); here as resolve-spec does.
+                args.device = "cuda"
+                algorithm = _loaded().from_string("DDTREE")
+                record_foreign_defaults(args, "contract.validate", algorithm.validate_server_args)
+    except BaseException as error:  # argparse exits with SystemExit; the plugin raises ValueError
+        return {"ok": False, "expected": expected,
+                "error": f"{type(error).__name__}: {error}\n{stderr.getvalue()[-2000:]}"}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
+            "draft_tokens": args.speculative_num_draft_tokens, "load_format": args.load_format,
+            "draft_load_format": args.speculative_draft_load_format, "skip_tokenizer_init": args.skip_tokenizer_init}
 
 
 GRAMMAR = "[a-z ]+"
@@ -276,21 +286,17 @@ def _tokenizer_start(argv: list[str]) -> dict[str, Any]:
 def cmd_acceptance_tokenizers(_unused: list[str]) -> dict[str, Any]:
     """Each model the acceptance suite serves, started with its baseline server's exact command line
     (:func:`_tokenizer_start`), and the first GPU run's hybrid target without its processor files."""
-    with tempfile.TemporaryDirectory(prefix="acceptance-models-") as directory:
-        return _tokenizer_starts(Path(directory))
+    with _acceptance_models() as (models, target):
+        return _tokenizer_starts(models, target)
 
 
-def _tokenizer_starts(models: Path) -> dict[str, Any]:
+def _tokenizer_starts(models: Path, target: Path) -> dict[str, Any]:
     import shutil
 
-    from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
     from ddtree_runtime.acceptance.launch import server_command
     from ddtree_runtime.acceptance.plan import serving_specs
-    from ddtree_runtime.acceptance.round_cost import write_round_cost_pair
     from sglang.srt.utils.hf_transformers.processor import get_processor
 
-    target, _drafter = write_hybrid_pair(models)
-    write_round_cost_pair(models)
     baselines = {spec.name: spec for spec in serving_specs(models) if spec.algorithm is None and spec.cuda_graphs}
     outcome: dict[str, Any] = {}
     for name, spec in baselines.items():
