@@ -26,15 +26,17 @@ user_argv() {  # the user's ExecStart after the launcher, the model path replace
     | sed "s#/root/models/Qwen3.6-27B#$1#"
 }
 
-judge() {  # EXPECTED_EXIT LABEL ARGS...: one check_server_args.py run, its stderr kept in $out
-  local expected=$1 label=$2 code log
-  shift 2
+judge() {  # EXPECTED_EXIT MESSAGE LABEL ARGS...: one check_server_args.py run, its stderr kept in $out; a refusal
+  # (exit 2) counts only with SGLang's MESSAGE in it, since an SGLang that cannot even be imported exits 2 as well
+  local expected=$1 message=$2 label=$3 code log
+  shift 3
   log="$out/$(echo "$label" | tr -c 'a-zA-Z0-9\n' '-').log"
   PYTHONPATH=$root/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 \
     "$repo/roles/sglang_release/files/check_server_args.py" sglang.launch_server "$@" > "$root/result.json" 2> "$log"
   code=$?
-  echo "$label: exit $code (expected $expected) $(cat "$root/result.json")$(grep -v -i warn "$log" | tail -n 1)"
-  [ "$code" = "$expected" ]
+  echo "$label: exit $code (expected $expected${message:+ saying \"$message\"})" \
+    "$(cat "$root/result.json")$(grep -v -i warn "$log" | tail -n 1)"
+  [ "$code" = "$expected" ] && { [ -z "$message" ] || grep -qF -- "$message" "$log"; }
 }
 
 make_model() {  # DIR: the shipped hybrid target's files without weights, its text_config at Qwen3.6-27B's size
@@ -94,11 +96,11 @@ check)
   model=$root/unpacked/model
   read -ra argv <<< "$(user_argv "$model")"
   failed=0
-  judge 0 "the user's unit" "${argv[@]}" || failed=1
-  judge 2 "0.5.23's name for the mamba option" "${argv[@]/--mamba-scheduler-strategy/--mamba-radix-cache-strategy}" \
-    || failed=1
-  judge 2 "DDTREE, which 0.5.11 does not know" --model-path "$model" --speculative-algorithm DDTREE \
-    --speculative-draft-model-path "$model" || failed=1
+  judge 0 "" "the user's unit" "${argv[@]}" || failed=1
+  judge 2 "unrecognized arguments: --mamba-radix-cache-strategy" "0.5.23's name for the mamba option" \
+    "${argv[@]/--mamba-scheduler-strategy/--mamba-radix-cache-strategy}" || failed=1
+  judge 2 "invalid choice: 'DDTREE'" "DDTREE, which 0.5.11 does not know" --model-path "$model" \
+    --speculative-algorithm DDTREE --speculative-draft-model-path "$model" || failed=1
   exit $failed
   ;;
 *) echo "baseline_parser.sh: unknown action $action" >&2; exit 2 ;;
