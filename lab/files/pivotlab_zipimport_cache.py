@@ -20,6 +20,9 @@ CACHE_DIR = os.environ.get("PIVOT_LAB_PYC_CACHE", "/var/cache/pivot-lab-pyc")
 _ARCHIVE_SUFFIX = ".zip" + os.sep
 _CodeType = type(compile("", "", "exec"))
 _compile_source = zipimport._compile_source  # the one function the cache stands in front of
+# zipimport compiles each module twice in one import (for its spec's filename, then to run it): the second time is
+# answered from memory, keyed by the source's full path (its code's filenames name this archive) and its disk entry.
+_loaded: dict[str, _CodeType] = {}
 
 
 def _with_filename(code: _CodeType, filename: str) -> _CodeType:
@@ -53,7 +56,7 @@ def _store(path: str, code: _CodeType) -> None:
 def _load(path: str, pathname: str) -> _CodeType | None:
     try:
         with open(path, "rb") as handle:
-            code = marshal.load(handle)
+            code = marshal.loads(handle.read())  # one read: marshal.load reads a file in many small pieces
     except (OSError, EOFError, ValueError, TypeError):
         return None
     return _with_filename(code, pathname) if isinstance(code, _CodeType) else None
@@ -62,10 +65,13 @@ def _load(path: str, pathname: str) -> _CodeType | None:
 def cached_compile_source(pathname: str, source: bytes) -> _CodeType:
     """zipimport's ``_compile_source``, through the cache."""
     path = _cache_path(pathname, source)
-    code = _load(path, pathname)
+    code = _loaded.get(pathname + "\0" + path)
     if code is None:
-        code = _compile_source(pathname, source)
-        _store(path, code)
+        code = _load(path, pathname)
+        if code is None:
+            code = _compile_source(pathname, source)
+            _store(path, code)
+        _loaded[pathname + "\0" + path] = code
     return code
 
 

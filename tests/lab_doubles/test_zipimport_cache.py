@@ -40,6 +40,28 @@ print(json.dumps({"value": module.VALUE, "frames": frames, "file": module.__file
 '''
 
 
+# The same import, counting what the cache does: disk entries read and sources compiled.
+COUNTING_PROBE = '''
+import json, sys
+import pivotlab_zipimport_cache as cache
+counts = {"reads": 0, "compiles": 0}
+load, compile_source = cache._load, cache._compile_source
+
+def counted_load(*args):
+    counts["reads"] += 1
+    return load(*args)
+
+def counted_compile(*args):
+    counts["compiles"] += 1
+    return compile_source(*args)
+
+cache._load, cache._compile_source = counted_load, counted_compile
+sys.path.insert(0, sys.argv[1])
+import payload.module as module
+print(json.dumps({"value": module.VALUE, **counts}))
+'''
+
+
 def write_archive(path: Path, value: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as archive:
@@ -48,9 +70,9 @@ def write_archive(path: Path, value: int) -> Path:
     return path
 
 
-def import_from(archive: Path, cache: Path) -> dict:
+def import_from(archive: Path, cache: Path, probe: str = PROBE) -> dict:
     environment = {**os.environ, "PIVOT_LAB_PYC_CACHE": str(cache), "PYTHONPATH": str(LAB_FILES)}
-    result = subprocess.run([sys.executable, "-c", PROBE, str(archive)], env=environment, capture_output=True,
+    result = subprocess.run([sys.executable, "-c", probe, str(archive)], env=environment, capture_output=True,
                             text=True, check=True)
     return json.loads(result.stdout)
 
@@ -78,6 +100,16 @@ def test_a_second_run_reuses_the_code_and_its_tracebacks_name_its_own_archive(tm
     assert first["frames"] == [f"{first_archive}{inside}"] * 2
     assert second["frames"] == [f"{second_archive}{inside}"] * 2  # the function and the one nested in it
     assert second["file"] == f"{second_archive}{inside}"
+
+
+def test_one_import_reads_each_entry_once_and_compiles_nothing_the_cache_holds(tmp_path: Path, cache: Path) -> None:
+    """zipimport compiles a module twice in one import (for its spec's filename, then to run it); the second is
+    answered from memory, so a warm cache costs one read per module."""
+    cold = import_from(write_archive(tmp_path / "run1" / "payload.zip", value=1), cache, COUNTING_PROBE)
+    warm = import_from(write_archive(tmp_path / "run2" / "payload.zip", value=1), cache, COUNTING_PROBE)
+
+    assert cold == {"value": 1, "reads": 2, "compiles": 2}  # nothing stored yet: each module compiled once
+    assert warm == {"value": 1, "reads": 2, "compiles": 0}
 
 
 def test_a_changed_source_is_compiled_anew(tmp_path: Path, cache: Path) -> None:
