@@ -18,3 +18,8 @@ def pytest_configure() -> None:
     os.environ["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     os.environ.setdefault("ANSIBLE_NOCOLOR", "1")
     os.environ.setdefault("ANSIBLE_FORCE_COLOR", "0")
+    # The lab hosts' compile cache for the Pythons the tests start, the controller's module runs above all
+    # (tests/support/controller_site/sitecustomize.py); kept in this checkout, never in the machine's /var/cache.
+    site = REPO / "tests" / "support" / "controller_site"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("PIVOT_LAB_PYC_CACHE", str(REPO / ".cache" / "controller-pyc"))

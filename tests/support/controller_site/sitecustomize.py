@@ -1,0 +1,18 @@
+"""Test equipment: every Python the controller-side tests start loads the lab hosts' compile cache.
+
+Above all the controller's own module runs on localhost (the runs' locks, records and reports): like a lab host's, each
+one compiles the ``module_utils`` of a fresh AnsiballZ zip anew, about 100 ms of CPU a run. ``tests/conftest.py`` puts
+this directory on ``PYTHONPATH`` for the processes the tests start; a production controller never loads it.
+"""
+
+import os
+import sys
+
+_LAB_FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir, "lab", "files")
+sys.path.insert(0, _LAB_FILES)
+try:
+    __import__("pivotlab_zipimport_cache")  # it patches zipimport as it is imported
+except ImportError:  # a copy of the tests without lab/ only loses the cache
+    pass
+finally:
+    sys.path.remove(_LAB_FILES)
