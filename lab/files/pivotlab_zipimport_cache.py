@@ -1,9 +1,10 @@
-"""Test equipment for the lab's hosts only: compiled code for sources imported from zip archives, kept on disk.
+"""Test equipment for the lab: compiled code for sources imported from zip archives, kept on disk.
 
 Every Ansible module run ships its module_utils in a fresh AnsiballZ zip, and Python's zipimport compiles each source
 anew (it never writes bytecode), for code that is the same in every run. The lab's hosts run thousands of module runs
 per test suite on a 2-core machine, so that compilation was a large part of the suite's time. This module, loaded at
-interpreter start by ``pivotlab_zipimport_cache.pth``, keeps each compiled source under ``CACHE_DIR``
+interpreter start by ``pivotlab_zipimport_cache.pth`` (on the controller, in tests only, by
+``tests/support/controller_site/sitecustomize.py``), keeps each compiled source under ``CACHE_DIR``
 (``$PIVOT_LAB_PYC_CACHE`` in tests), keyed by the interpreter's bytecode magic number, the source's path inside its
 archive and the source's SHA-256, and hands zipimport the code object ``compile()`` would: its filenames are set to
 this run's archive path, so tracebacks read as they would without the cache. Production hosts do not have it and do
@@ -65,13 +66,14 @@ def _load(path: str, pathname: str) -> _CodeType | None:
 def cached_compile_source(pathname: str, source: bytes) -> _CodeType:
     """zipimport's ``_compile_source``, through the cache."""
     path = _cache_path(pathname, source)
-    code = _loaded.get(pathname + "\0" + path)
+    key = pathname + "\0" + path
+    code = _loaded.get(key)
     if code is None:
         code = _load(path, pathname)
         if code is None:
             code = _compile_source(pathname, source)
             _store(path, code)
-        _loaded[pathname + "\0" + path] = code
+        _loaded[key] = code
     return code
 
 

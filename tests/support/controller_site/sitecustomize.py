@@ -1,8 +1,9 @@
 """Test equipment: every Python the controller-side tests start loads the lab hosts' compile cache.
 
 Above all the controller's own module runs on localhost (the runs' locks, records and reports): like a lab host's, each
-one compiles the ``module_utils`` of a fresh AnsiballZ zip anew, about 100 ms of CPU a run. ``tests/conftest.py`` puts
-this directory on ``PYTHONPATH`` for the processes the tests start; a production controller never loads it.
+one compiles the ``module_utils`` of a fresh AnsiballZ zip anew, about 130 ms of CPU a run. ``tests/conftest.py`` puts
+this directory on ``PYTHONPATH`` for the processes the tests start; a production controller never loads it. It stands in
+for Debian's own ``sitecustomize`` in a ``/usr/bin/python3`` the tests start, which only installs apport's hook.
 """
 
 import os
