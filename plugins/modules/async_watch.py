@@ -13,6 +13,8 @@ description:
   - "One look at a task started with C(async) and C(poll: 0), made to run in an C(until) loop on the controller (see
     the example). Each call says whether the task has finished and returns one line of progress; the
     C(pivot.ops.progress) callback prints that line for every retry, instead of C(FAILED - RETRYING)."
+  - With O(wait), one look lasts until the task finishes or O(wait) seconds have passed, so the loop notices the end
+    at once and needs no C(delay) of its own.
   - With O(heartbeat_file), every call that finds the task still running refreshes that file. A task that must not
     go on without its controller (M(pivot.ops.stop_training)) checks the file's age and cancels what it can still
     cancel when the controller stops polling (Ctrl-C, a lost connection).
@@ -55,11 +57,19 @@ options:
     description:
       - The task's time limit in seconds, for the progress line when it writes none of its own (C(40 s of 120)).
     type: float
+  wait:
+    description:
+      - Seconds this call waits for the task to finish, looking at O(results_file) every quarter of a second; it
+        returns as soon as the task has finished. V(0) looks once.
+      - The heartbeat is refreshed when the call starts, so keep O(wait) several times below the watched task's
+        heartbeat timeout.
+    type: float
+    default: 0
 notes:
   - It fails only when O(results_file) holds something other than a job status, or the heartbeat cannot be written;
     a task that ran out of its C(async) time counts as finished (its result says C(Timeout exceeded)).
-  - Give the C(until) loop more C(retries) x C(delay) than the task's C(async) time, and keep C(delay) several times
-    below the watched task's heartbeat timeout.
+  - Give the C(until) loop more C(retries) x (O(wait) + C(delay)) than the task's C(async) time, and keep
+    O(wait) + C(delay) several times below the watched task's heartbeat timeout.
 seealso:
   - module: ansible.builtin.async_status
   - module: pivot.ops.stop_training
@@ -80,10 +90,11 @@ EXAMPLES = r"""
     results_file: "{{ started.results_file }}"
     heartbeat_file: /var/lib/pivot/stop_training/heartbeat-1
     progress_file: /var/lib/pivot/stop_training/progress-1.json
+    wait: 5
   register: watched
   until: watched.finished
-  retries: 400   # > async / delay
-  delay: 5
+  retries: 400   # > async / wait
+  delay: 0
 
 - name: Read its result
   ansible.builtin.async_status:
@@ -95,10 +106,11 @@ EXAMPLES = r"""
     results_file: "{{ health.results_file }}"
     label: waiting for sglang.service to answer /health_generate
     timeout: 1800
+    wait: 5
   register: watched
   until: watched.finished
   retries: 400
-  delay: 5
+  delay: 0
 """
 
 RETURN = r"""
@@ -138,6 +150,8 @@ from ansible_collections.pivot.ops.plugins.module_utils.progress import (
 
 # Progress older than this is shown with its age: the task may be stuck, or gone without a result.
 STALE_PROGRESS_SECONDS = 30.0
+# How often a call with a wait looks at the results file.
+LOOK_INTERVAL_SECONDS = 0.25
 
 
 def job_status(results_file: str) -> tuple:
@@ -170,6 +184,16 @@ def progress_line(params: dict, elapsed: float | None) -> tuple:
     return "%s: %s" % (params["label"], waited_text(elapsed, params["timeout"])), ""
 
 
+def wait_for_job(results_file: str, seconds: float, sleep=time.sleep, clock=time.monotonic) -> tuple:
+    """job_status once the job has finished or SECONDS have passed, whichever comes first."""
+    deadline = clock() + seconds
+    finished, elapsed = job_status(results_file)
+    while not finished and clock() < deadline:
+        sleep(min(LOOK_INTERVAL_SECONDS, max(0.0, deadline - clock())))
+        finished, elapsed = job_status(results_file)
+    return finished, elapsed
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -178,25 +202,29 @@ def main() -> None:
             progress_file=dict(type="path"),
             label=dict(type="str", default="running"),
             timeout=dict(type="float"),
+            wait=dict(type="float", default=0),
         ),
         supports_check_mode=True,
     )
     params = module.params
+    if params["wait"] < 0:
+        module.fail_json(msg="wait must be 0 (look once) or more seconds, got %s." % params["wait"])
+    heartbeat = Heartbeat(params["heartbeat_file"], 0)
     try:
-        finished, elapsed = job_status(params["results_file"])
+        finished, _elapsed = job_status(params["results_file"])
+        if not finished and not module.check_mode:
+            try:
+                heartbeat.touch()
+            except OSError as exc:
+                module.fail_json(msg="Cannot refresh the heartbeat file %s: %s. Without it the task cancels itself; "
+                                 "check that its directory exists and is writable." % (params["heartbeat_file"], exc))
+        finished, elapsed = wait_for_job(params["results_file"], params["wait"])
     except ValueError as exc:
         module.fail_json(msg="%s. Pass the results_file that the task started with async returned." % exc)
-    heartbeat = Heartbeat(params["heartbeat_file"], 0)
     if finished:
         if not module.check_mode:
             remove_quietly(params["heartbeat_file"])
         module.exit_json(changed=False, finished=True, progress="finished", stage="finished", elapsed=None)
-    if not module.check_mode:
-        try:
-            heartbeat.touch()
-        except OSError as exc:
-            module.fail_json(msg="Cannot refresh the heartbeat file %s: %s. Without it the task cancels itself; "
-                             "check that its directory exists and is writable." % (params["heartbeat_file"], exc))
     line, stage = progress_line(params, elapsed)
     module.exit_json(changed=False, finished=False, progress=line, stage=stage, elapsed=elapsed)
 

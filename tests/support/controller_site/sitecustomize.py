@@ -1,5 +1,5 @@
 """Test equipment: every Python the controller-side tests start loads the lab hosts' compile cache, and Ansible's
-command-line processes load each connection plugin before they fork (``pivot_connection_preload``).
+command-line processes do two things once that they otherwise repeat for every task (``pivot_ansible_speedups``).
 
 Above all the controller's own module runs on localhost (the runs' locks, records and reports): like a lab host's, each
 one compiles the ``module_utils`` of a fresh AnsiballZ zip anew, about 130 ms of CPU a run. ``tests/conftest.py`` puts
@@ -20,6 +20,6 @@ finally:
     sys.path.remove(_LAB_FILES)
 
 if os.path.basename(sys.argv[0] if sys.argv else "").startswith(("ansible-playbook", "ansible")):
-    import pivot_connection_preload
+    import pivot_ansible_speedups
 
-    pivot_connection_preload.install()
+    pivot_ansible_speedups.install()

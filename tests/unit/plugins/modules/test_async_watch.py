@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -100,3 +101,63 @@ def test_check_mode_does_not_refresh_the_heartbeat(run_module, job, tmp_path):
                         check_mode=True)
     assert result["finished"] is False
     assert time.time() - heartbeat.stat().st_mtime > 45
+
+
+def finish_later(job, seconds: float) -> threading.Timer:
+    """The job's final result written SECONDS from now, as async_wrapper writes it when the module returns."""
+    timer = threading.Timer(seconds, lambda: job.write_text(json.dumps({"changed": True, "msg": "done"})))
+    timer.start()
+    return timer
+
+
+def test_a_wait_ends_as_soon_as_the_job_finishes_and_removes_the_heartbeat(run_module, job, tmp_path):
+    heartbeat = tmp_path / "hb"
+    timer = finish_later(job, 0.5)
+    started = time.monotonic()
+    try:
+        result = run_module(async_watch.main, {"results_file": str(job), "heartbeat_file": str(heartbeat),
+                                               "wait": 120})
+    finally:
+        timer.cancel()
+    assert (result["failed"], result["finished"], result["progress"]) == (False, True, "finished")
+    assert time.monotonic() - started < 60, "it returned long before its wait ran out"
+    assert not heartbeat.exists()
+
+
+def test_a_wait_on_a_job_that_goes_on_returns_its_progress_after_the_wait(run_module, job, tmp_path):
+    heartbeat = tmp_path / "hb"
+    heartbeat.write_text("")
+    set_age(heartbeat, 50)
+    progress = tmp_path / "progress.json"
+    started = time.monotonic()
+    timer = threading.Timer(0.3, lambda: progress.write_text(json.dumps(
+        {"stage": "SIGTERM", "line": "SIGTERM sent: waiting for the job to exit", "updated": time.time()})))
+    timer.start()
+    try:
+        result = run_module(async_watch.main, {"results_file": str(job), "heartbeat_file": str(heartbeat),
+                                               "progress_file": str(progress), "wait": 1})
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started >= 1
+    assert (result["finished"], result["stage"]) == (False, "SIGTERM"), "the progress as it is after the wait"
+    assert heartbeat.stat().st_mtime > time.time() - 5, "the heartbeat was refreshed as the look began"
+
+
+def test_a_wait_looks_every_quarter_second_until_it_runs_out():
+    clock = [100.0]
+    looks = []
+
+    def sleep(seconds):
+        looks.append(seconds)
+        clock[0] += seconds
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(async_watch, "job_status", lambda path: (False, 3.0))
+        assert async_watch.wait_for_job("results", 1.1, sleep=sleep, clock=lambda: clock[0]) == (False, 3.0)
+    assert looks == pytest.approx([0.25, 0.25, 0.25, 0.25, 0.1])
+
+
+def test_a_negative_wait_is_refused(run_module, job):
+    result = run_module(async_watch.main, {"results_file": str(job), "wait": -1})
+    assert result["failed"] is True
+    assert "wait must be 0 (look once) or more seconds" in result["msg"]
