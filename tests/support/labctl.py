@@ -122,6 +122,8 @@ def leftovers() -> dict[str, list[str]]:
     found["processes"] = [f"pid {pid} (in a lab cgroup)" for pid in lab_processes()] + nspawn
     found["cgroups"] = [str(p) for p in CGROUP_DIRS if p.exists()]
     found["host_dirs"] = [str(p) for p in (STATE / "hosts", STATE / "ssh") if p.exists()]
+    # another instance's state directory, left empty (instance 0's is the root that keeps the base image)
+    found["state_dir"] = [str(STATE)] if INSTANCE and STATE.is_dir() and not any(STATE.iterdir()) else []
     return found
 
 
