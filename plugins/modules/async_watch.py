@@ -184,10 +184,11 @@ def progress_line(params: dict, elapsed: float | None) -> tuple:
     return "%s: %s" % (params["label"], waited_text(elapsed, params["timeout"])), ""
 
 
-def wait_for_job(results_file: str, seconds: float, sleep=time.sleep, clock=time.monotonic) -> tuple:
-    """job_status once the job has finished or SECONDS have passed, whichever comes first."""
+def wait_for_job(results_file: str, seconds: float, status: tuple, sleep=time.sleep, clock=time.monotonic) -> tuple:
+    """job_status once the job has finished or SECONDS have passed, whichever comes first; STATUS is the one read
+    just before."""
     deadline = clock() + seconds
-    finished, elapsed = job_status(results_file)
+    finished, elapsed = status
     while not finished and clock() < deadline:
         sleep(min(LOOK_INTERVAL_SECONDS, max(0.0, deadline - clock())))
         finished, elapsed = job_status(results_file)
@@ -211,14 +212,14 @@ def main() -> None:
         module.fail_json(msg="wait must be 0 (look once) or more seconds, got %s." % params["wait"])
     heartbeat = Heartbeat(params["heartbeat_file"], 0)
     try:
-        finished, _elapsed = job_status(params["results_file"])
-        if not finished and not module.check_mode:
+        status = job_status(params["results_file"])
+        if not status[0] and not module.check_mode:
             try:
                 heartbeat.touch()
             except OSError as exc:
                 module.fail_json(msg="Cannot refresh the heartbeat file %s: %s. Without it the task cancels itself; "
                                  "check that its directory exists and is writable." % (params["heartbeat_file"], exc))
-        finished, elapsed = wait_for_job(params["results_file"], params["wait"])
+        finished, elapsed = wait_for_job(params["results_file"], params["wait"], status)
     except ValueError as exc:
         module.fail_json(msg="%s. Pass the results_file that the task started with async returned." % exc)
     if finished:

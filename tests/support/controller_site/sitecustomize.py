@@ -19,7 +19,7 @@ except ImportError:  # a copy of the tests without lab/ only loses the cache
 finally:
     sys.path.remove(_LAB_FILES)
 
-if os.path.basename(sys.argv[0] if sys.argv else "").startswith(("ansible-playbook", "ansible")):
+if os.path.basename(sys.argv[0] if sys.argv else "").startswith("ansible"):
     import pivot_ansible_speedups
 
     pivot_ansible_speedups.install()

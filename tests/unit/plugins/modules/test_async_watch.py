@@ -153,7 +153,8 @@ def test_a_wait_looks_every_quarter_second_until_it_runs_out():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(async_watch, "job_status", lambda path: (False, 3.0))
-        assert async_watch.wait_for_job("results", 1.1, sleep=sleep, clock=lambda: clock[0]) == (False, 3.0)
+        assert async_watch.wait_for_job("results", 1.1, (False, 3.0), sleep=sleep,
+                                        clock=lambda: clock[0]) == (False, 3.0)
     assert looks == pytest.approx([0.25, 0.25, 0.25, 0.25, 0.1])
 
 
