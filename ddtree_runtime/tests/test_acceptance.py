@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,14 +44,18 @@ from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, load_mix, suite_pr
 from ddtree_runtime.acceptance.round_cost import (
     LONG_NEW_TOKENS,
     NO_TOKENIZER_FLAGS,
+    QWEN36_27B_DRAFTER,
     ROUND_COST_DRAFTER,
     ROUND_COST_TARGET,
+    SHAPE_8B,
+    SHAPE_27B,
     SHORT_NEW_TOKENS,
     RoundCost,
     round_cost_dirs,
     round_cost_prompt,
     round_cost_rows,
     write_round_cost_pair,
+    write_shape_pair,
 )
 from ddtree_runtime.acceptance.stats import (
     Agreement,
@@ -174,10 +179,16 @@ def test_the_suite_skips_when_it_has_fewer_gpus_than_the_tp_size() -> None:
 
 def test_plan_steps_and_refusals() -> None:
     names = [step.name for step in full_plan()]
-    assert names[0] == "baseline" and names[-2:] == ["refusals", "round-cost"]
+    assert names[0] == "baseline" and "refusals" in names
     assert {"ddtree-b16", "ddtree-b64", "dflash", "ddtree-b64-nographs", "dflash-nographs"} <= set(names)
     assert [s.name for s in select_steps("full", ["dflash", "baseline"])] == ["baseline", "dflash"]
-    assert [s.name for s in select_steps("full", ["round-cost"])] == ["round-cost"]
+    eight = ["8b-baseline", "dflash-8b", "dflash-8b-sync", "ddtree-8b-b15", "ddtree-8b-b16", "ddtree-8b-b64",
+             "ddtree-8b-b256", "ddtree-8b-b64-sync"]
+    big = ["27b-baseline", "dflash-27b", "dflash-27b-sync", "ddtree-27b-b15", "ddtree-27b-b64", "ddtree-27b-b64-sync"]
+    assert names[-len(eight + big):] == eight + big, "the round cost comes last, shape by shape"
+    assert [s.name for s in select_steps("full", ["round-cost"])] == eight + big
+    assert [s.name for s in select_steps("full", ["round-cost-27b"])] == big
+    assert [s.name for s in select_steps("full", ["ddtree-8b-b64", "dflash-8b"])] == ["dflash-8b", "ddtree-8b-b64"]
     with pytest.raises(ValueError, match="not a step"):
         select_steps("quick", ["ddtree-b16-nographs"])
     with pytest.raises(ValueError, match="not a step"):
@@ -583,11 +594,22 @@ def test_throughput_and_round_cost_ratios() -> None:
     without_dflash = throughput_rows({k: v for k, v in table.items() if k != "dflash"})
     assert all(r["ddtree_vs_dflash"] is None for r in without_dflash)
 
-    costs = {"8b-baseline": {"algorithm": "none", "ms_per_round": 8.0},
-             "dflash-8b": {"algorithm": "DFLASH", "ms_per_round": 10.0},
-             "ddtree-8b-b64": {"algorithm": "DDTREE", "budget": 64, "ms_per_round": 13.0}}
-    by_server = {r["server"]: r["ddtree_vs_dflash_ms_per_round"] for r in round_cost_rows(costs)}
-    assert by_server == {"8b-baseline": None, "dflash-8b": None, "ddtree-8b-b64": pytest.approx(1.3)}
+    def cost(algorithm: str, shape: str, overlap: bool = True, **by_batch: float) -> dict[str, Any]:
+        return {"algorithm": algorithm, "shape": shape, "overlap": overlap,
+                **{batch: {"ms_per_round": ms} for batch, ms in by_batch.items()}}
+
+    costs = {"8b-baseline": cost("none", "8b", batch_1=8.0),
+             "dflash-8b-sync": cost("DFLASH", "8b", overlap=False, batch_1=12.0, batch_16=24.0),
+             "dflash-8b": cost("DFLASH", "8b", batch_1=10.0, batch_16=20.0),
+             "ddtree-8b-b64": cost("DDTREE", "8b", batch_1=13.0, batch_16=22.0),
+             "dflash-27b": cost("DFLASH", "27b", batch_1=25.0),
+             "ddtree-27b-b64": cost("DDTREE", "27b", batch_1=26.0)}
+    by_row = {(r["server"], r["batch"]): r["vs_dflash_ms_per_round"] for r in round_cost_rows(costs)}
+    assert by_row == {("8b-baseline", 1): pytest.approx(0.8), ("dflash-8b-sync", 1): pytest.approx(1.2),
+                      ("dflash-8b-sync", 16): pytest.approx(1.2), ("dflash-8b", 1): None, ("dflash-8b", 16): None,
+                      ("ddtree-8b-b64", 1): pytest.approx(1.3), ("ddtree-8b-b64", 16): pytest.approx(1.1),
+                      ("dflash-27b", 1): None, ("ddtree-27b-b64", 1): pytest.approx(1.04)}, \
+        "held against the default DFLASH of the same shape and batch, never the one without overlap"
     assert ratio(1.0, 0.0) is None and ratio(None, 2.0) is None and ratio(3.0, 2.0) == 1.5
 
 
@@ -603,9 +625,23 @@ def test_round_cost_is_the_difference_of_two_lengths_in_decode_rounds() -> None:
     baseline = RoundCost(speculative=False, short=short, long=long)  # one decode step per token
     assert baseline.as_dict()["ms_per_round"] == pytest.approx(1000 * 1.28 / 256)
     stopped = RoundCost(True, TimedCall(1, 30, 15, 0.3), TimedCall(1, 30, 15, 0.3))
-    assert stopped.problem() == f"asked for {SHORT_NEW_TOKENS} new tokens with ignore_eos, got 30"
+    assert stopped.problem() == (f"asked for {SHORT_NEW_TOKENS} new tokens with ignore_eos for each of 1 "
+                                 "request(s), got 30 in all")
     no_rounds = RoundCost(True, short, TimedCall(1, LONG_NEW_TOKENS, 0, 2.0))
     assert "decode rounds did not grow" in (no_rounds.problem() or "")
+
+
+def test_a_batch_round_is_counted_once_for_all_its_requests() -> None:
+    """Sixteen requests in one call decode in the same rounds: ms per round divides by the rounds of one request,
+    tokens/s counts every request's tokens."""
+    short = TimedCall(requests=16, tokens=16 * SHORT_NEW_TOKENS, verify_rounds=16 * 64, seconds=1.0)
+    long = TimedCall(requests=16, tokens=16 * LONG_NEW_TOKENS, verify_rounds=16 * 320, seconds=4.84)
+    figures = RoundCost(speculative=True, short=short, long=long).as_dict()
+    assert figures["requests"] == 16 and figures["decode_rounds"] == 256
+    assert figures["ms_per_round"] == pytest.approx(15.0) and figures["tokens_per_round"] == 1.0
+    assert figures["tokens_per_s"] == pytest.approx(16 * 256 / 3.84, rel=1e-3)
+    short_one = TimedCall(requests=16, tokens=16 * SHORT_NEW_TOKENS - 1, verify_rounds=16 * 64, seconds=1.0)
+    assert "for each of 16 request(s)" in (RoundCost(True, short_one, long).problem() or "")
 
 
 def test_throughput_figures_reach_state_and_reports_and_survive_resume(tmp_path: Path, fake_python: str,
@@ -641,38 +677,79 @@ def test_round_cost_step_serves_config_only_models_with_random_weights(tmp_path:
                                                                        on_a_gpu_machine: None,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_SGLANG_EOS_AFTER", "30")  # the measurement must ask for ignore_eos to get its lengths
-    assert acceptance_main(["--out", str(tmp_path), "--python", fake_python, "--only", "round-cost",
+    chosen = ["8b-baseline", "dflash-8b", "dflash-8b-sync", "ddtree-8b-b64", "ddtree-8b-b64-sync", "dflash-27b",
+              "ddtree-27b-b64"]
+    assert acceptance_main(["--out", str(tmp_path), "--python", fake_python, "--only", ",".join(chosen),
                             "--health-timeout", "30"]) == 0
     state, results, markdown = read_outputs(tmp_path)
     servers = {entry["name"]: entry["command"] for entry in state["servers"]}
-    assert list(servers) == ["8b-baseline", "dflash-8b", "ddtree-8b-b16", "ddtree-8b-b64"]
-    target, drafter = round_cost_dirs(tmp_path / "models")
+    assert list(servers) == chosen
+    dirs = {"8b": round_cost_dirs(tmp_path / "models"), "27b": SHAPE_27B.dirs(tmp_path / "models")}
     for name, argv in servers.items():
+        target, drafter = dirs["27b" if "27b" in name else "8b"]
         assert argv[argv.index("--load-format") + 1] == "dummy" and set(COMMON_FLAGS) <= set(argv)
         assert "--skip-tokenizer-init" in argv, "config-only models have no tokenizer for SGLang to load"
         assert argv[argv.index("--model-path") + 1] == str(target)
+        assert ("--disable-overlap-schedule" in argv) == name.endswith("-sync")
+        if "27b" in name:  # the last of a repeated flag wins in SGLang's parser
+            assert len(argv) - 1 - argv[::-1].index("--mem-fraction-static") > argv.index("--mem-fraction-static")
+            assert argv[len(argv) - argv[::-1].index("--max-running-requests")] == "1"
         if name == "8b-baseline":
             assert "--speculative-draft-load-format" not in argv and "--speculative-algorithm" not in argv
         else:
             assert argv[argv.index("--speculative-draft-load-format") + 1] == "dummy"
             assert argv[argv.index("--speculative-draft-model-path") + 1] == str(drafter)
             assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "16"
-    assert [entry.get("budget") for entry in state["servers"]] == [None, None, 16, 64]
+    assert [entry.get("budget") for entry in state["servers"]] == [None, None, None, 64, 64, None, 64]
 
     costs = state["round_costs"]
-    assert list(costs) == list(servers) and results["round_cost"]["servers"] == costs
-    for figures in costs.values():
-        assert figures["short"]["tokens"] == SHORT_NEW_TOKENS and figures["long"]["tokens"] == LONG_NEW_TOKENS
-        assert figures["ms_per_round"] > 0 and figures["tokens_per_s"] > 0
-    assert costs["8b-baseline"]["tokens_per_round"] == 1.0
-    assert costs["dflash-8b"]["tokens_per_round"] == 2.0  # the stand-in accepts 2 tokens a DFLASH round
-    rows = {row["server"]: row for row in results["round_cost"]["table"]}
-    for budget in (16, 64):
-        assert rows[f"ddtree-8b-b{budget}"]["ddtree_vs_dflash_ms_per_round"] == pytest.approx(
-            costs[f"ddtree-8b-b{budget}"]["ms_per_round"] / costs["dflash-8b"]["ms_per_round"])
-    assert "## Round cost at real size" in markdown and "| ddtree-8b-b64 | DDTREE |" in markdown
+    assert list(costs) == chosen and results["round_cost"]["servers"] == costs
+    for name, figures in costs.items():
+        batches = ["batch_1"] if "27b" in name else ["batch_1", "batch_16"]
+        assert [key for key in figures if key.startswith("batch_")] == batches
+        for batch in batches:
+            measured = figures[batch]
+            requests = int(batch.removeprefix("batch_"))
+            assert measured["requests"] == requests
+            assert measured["short"]["tokens"] == requests * SHORT_NEW_TOKENS
+            assert measured["long"]["tokens"] == requests * LONG_NEW_TOKENS
+            assert measured["ms_per_round"] > 0 and measured["tokens_per_s"] > 0
+    assert costs["8b-baseline"]["batch_1"]["tokens_per_round"] == 1.0
+    assert costs["dflash-8b"]["batch_16"]["tokens_per_round"] == 2.0  # the stand-in accepts 2 tokens a DFLASH round
+    assert (costs["dflash-8b"]["overlap"], costs["dflash-8b-sync"]["overlap"]) == (True, False)
+    rows = {(row["server"], row["batch"]): row for row in results["round_cost"]["table"]}
+    for name, batch, reference in (("ddtree-8b-b64", 16, "dflash-8b"), ("ddtree-8b-b64-sync", 1, "dflash-8b"),
+                                   ("ddtree-27b-b64", 1, "dflash-27b")):
+        assert rows[(name, batch)]["vs_dflash_ms_per_round"] == pytest.approx(
+            costs[name][f"batch_{batch}"]["ms_per_round"] / costs[reference][f"batch_{batch}"]["ms_per_round"])
+    assert "## Round cost at real size" in markdown and "| ddtree-27b-b64 | 27b | DDTREE | 64 | on | 1 |" in markdown
     identity = [r for r in results["results"] if r["case"] == "round cost: start + /server_info"]
-    assert len(identity) == 4 and all(r["ok"] for r in results["results"])
+    assert len(identity) == len(chosen) and all(r["ok"] for r in results["results"])
+
+
+def test_round_cost_27b_models_are_configs_only_of_qwen36_27b_and_its_z_lab_drafters_shape(tmp_path: Path) -> None:
+    target, drafter = write_shape_pair(SHAPE_27B, tmp_path)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"] == sorted(p.name for p in drafter.iterdir())
+    raw_target = json.loads((target / "config.json").read_text())
+    assert raw_target["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    text = raw_target["text_config"]
+    assert {key: text[key] for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                                       "num_key_value_heads", "head_dim", "linear_num_key_heads",
+                                       "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                                       "linear_conv_kernel_dim", "vocab_size")} == {
+        "num_hidden_layers": 64, "hidden_size": 5120, "intermediate_size": 17408, "num_attention_heads": 24,
+        "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "vocab_size": 248320}
+    assert text["layer_types"].count("linear_attention") == 48 and text["layer_types"][3::4] == ["full_attention"] * 16
+    assert text["rope_parameters"]["partial_rotary_factor"] == 0.25
+    assert raw_target["vision_config"]["out_hidden_size"] == 5120
+    raw_drafter = json.loads((drafter / "config.json").read_text())
+    assert raw_drafter["dflash_config"]["target_layer_ids"] == [1, 16, 31, 46, 61]
+    assert raw_drafter["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert raw_drafter["sliding_window"] == 2048 and raw_drafter["block_size"] == 16
+    assert DFlashConfig.from_dict(raw_drafter) == QWEN36_27B_DRAFTER, "SGLang sees the window (use_sliding_window)"
+    assert pair_problem(target, drafter) is None, "the preflight reads the nested text_config and the flat drafter"
+    assert SHAPE_8B.batches == (1, 16) and SHAPE_27B.batches == (1,)
 
 
 def test_round_cost_models_are_configs_only_with_qwen3_8b_and_its_drafters_shape(tmp_path: Path) -> None:
@@ -734,6 +811,7 @@ def test_an_http_error_while_measuring_is_a_failed_case_line(tmp_path: Path, fak
     monkeypatch.delenv("FAKE_SGLANG_FAIL_BATCH")
     monkeypatch.setenv("FAKE_SGLANG_FAIL_MAX_NEW_TOKENS", str(LONG_NEW_TOKENS))
     spec = round_cost_specs(tmp_path / "models")[1]
+    write_round_cost_pair(tmp_path / "models")
     suite.run_round_cost(spec)
     line = next(r for r in suite.results if r.server == spec.name and not r.ok)
     assert line.case == "round cost: ms per decode round" and "answered 500" in line.detail

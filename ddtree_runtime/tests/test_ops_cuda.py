@@ -387,6 +387,27 @@ def test_worker_round_on_the_kernels_equals_its_pytorch_path_without_a_host_sync
         assert torch.equal(getattr(got, field).cpu(), getattr(expected, field)), field
 
 
+def test_verify_inputs_sized_by_an_upper_bound_lay_each_request_where_the_device_lengths_say():
+    """Under overlap scheduling the host may know only an upper bound of the lengths (the reserved ones): the flat
+    mask is then longer, and its requests still start where SGLang's ``mask_indptr`` (a cumsum of the device
+    lengths) looks for them."""
+    from ddtree_runtime.sglang.tree_inputs import compiled_sglang_verify_inputs  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(7)
+    batch, depth, vocab, budget = 3, 15, 3000, 64
+    logits = (torch.randn(batch, depth, vocab, generator=generator) * 3).to(torch.bfloat16).to(CUDA)
+    roots = torch.randint(0, vocab, (batch,), generator=generator).to(CUDA)
+    seq_lens = torch.randint(1, 300, (batch,), generator=generator)
+    top = ops.topk_log_probs(logits, budget)
+    exact = compiled_sglang_verify_inputs(top.log_probs, top.ids, roots, seq_lens.to(CUDA),
+                                          seq_lens_sum=int(seq_lens.sum()), budget=budget)
+    bound = compiled_sglang_verify_inputs(top.log_probs, top.ids, roots, seq_lens.to(CUDA),
+                                          seq_lens_sum=int(seq_lens.sum()) + 3 * 81, budget=budget)
+    used = exact.custom_mask.numel()
+    assert bound.custom_mask.numel() == used + (budget + 1) * 3 * 81
+    assert torch.equal(bound.custom_mask[:used].cpu(), exact.custom_mask.cpu())
+
+
 # --- the user's vocabulary and a smaller GPU's shared memory ----------------------------------------------------
 
 

@@ -58,15 +58,27 @@ def test_budget_is_capped_at_the_tree_kernels_largest_tree() -> None:
         resolve_settings(16, {"DDTREE_BUDGET": str(MAX_BUDGET + 1)})
 
 
-@pytest.mark.parametrize(("budget", "reservation"), [(None, 32), (15, 32), (31, 32), (64, 65), (1024, 1025)])
-def test_decode_reservation_covers_the_verify_window(budget: int | None, reservation: int) -> None:
-    """DFLASH reserves 2 x D = 32 slots per step; a budget-64 verify writes 65 slots from the same start (with 32 it
-    would write KV into slots owned by other requests)."""
+@pytest.mark.parametrize(("draft", "budget", "reservation"),
+                         [(16, None, 32), (16, 15, 32), (16, 16, 33), (16, 64, 81), (16, 1024, 1041), (4, 1, 8)])
+def test_decode_reservation_covers_the_lagging_commit_and_the_verify_window(
+        draft: int, budget: int | None, reservation: int) -> None:
+    """DFLASH reserves 2 x D = 32 slots per step: under overlap scheduling round t+1 is planned before round t
+    commits (up to min(D, W) tokens), then writes max(D, W) slots. A budget-64 tree needs 16 + 65; with 32 its verify
+    would write KV into slots owned by other requests."""
     environ = {} if budget is None else {"DDTREE_BUDGET": str(budget)}
-    settings = resolve_settings(16, environ)
-    assert settings.decode_reservation(32) == reservation
-    assert settings.decode_reservation(32) >= max(settings.verify_width, settings.draft_tokens)
+    settings = resolve_settings(draft, environ)
+    assert settings.decode_reservation(2 * draft) == reservation
+    window = max(settings.verify_width, settings.draft_tokens)
+    assert settings.decode_reservation(2 * draft) >= settings.max_committed_per_round + window
     assert settings.decode_reservation(4096) == 4096  # never less than SGLang asked for
+
+
+@pytest.mark.parametrize(("budget", "sglang_headroom", "headroom"), [(15, 20, 36), (64, 69, 85), (64, 200, 200)])
+def test_req_to_token_rows_hold_a_reservation_made_at_the_context_limit(
+        budget: int, sglang_headroom: int, headroom: int) -> None:
+    settings = resolve_settings(16, {"DDTREE_BUDGET": str(budget)})
+    assert settings.req_to_token_headroom(sglang_headroom) == headroom
+    assert settings.req_to_token_headroom(sglang_headroom) >= 4 + settings.decode_reservation(2 * 16)
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,17 @@ def cmd_resolve_spec(argv: list[str]) -> dict[str, Any]:
             resolved["speculative_num_draft_tokens"], True),
         "widths_by_argument": {str(n): [algorithm.get_num_tokens_per_req_for_target_verify(n, False),
                                         algorithm.get_num_tokens_per_req_for_target_verify(n, True)] for n in asked},
+        "supports_overlap": algorithm.supports_overlap,
+        # What create_worker says for a server with overlap scheduling on (SGLang's default).
+        "worker_with_overlap": _worker_name(algorithm, args),
     }
+
+
+def _worker_name(algorithm: Any, args: Any) -> str:
+    try:
+        return algorithm.create_worker(args).__name__
+    except Exception as error:  # SGLang refuses overlap for an algorithm registered without it
+        return f"{type(error).__name__}: {error}"
 
 
 @contextlib.contextmanager
@@ -127,12 +137,13 @@ def _acceptance_models() -> Iterator[tuple[Path, Path]]:
     """The acceptance suite's model pairs (hybrid and round-cost) in a scratch directory that is removed afterwards:
     yields the directory and the hybrid target."""
     from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
-    from ddtree_runtime.acceptance.round_cost import write_round_cost_pair
+    from ddtree_runtime.acceptance.round_cost import SHAPES, write_shape_pair
 
     with tempfile.TemporaryDirectory(prefix="acceptance-models-") as directory:
         models = Path(directory)
         target, _drafter = write_hybrid_pair(models)
-        write_round_cost_pair(models)
+        for shape in SHAPES:
+            write_shape_pair(shape, models)
         yield models, target
 
 
@@ -177,7 +188,8 @@ def _parsed_command(spec: Any, expected: str | None) -> dict[str, Any]:
         os.environ.update(saved)
     return {"ok": True, "expected": expected, "algorithm": args.speculative_algorithm,
             "draft_tokens": args.speculative_num_draft_tokens, "load_format": args.load_format,
-            "draft_load_format": args.speculative_draft_load_format, "skip_tokenizer_init": args.skip_tokenizer_init}
+            "draft_load_format": args.speculative_draft_load_format, "skip_tokenizer_init": args.skip_tokenizer_init,
+            "disable_overlap_schedule": bool(args.disable_overlap_schedule)}
 
 
 GRAMMAR = "[a-z ]+"

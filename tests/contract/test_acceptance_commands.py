@@ -13,8 +13,10 @@ import yaml
 from contract_support import ProbeRunner
 
 SERVING_VARS = Path(__file__).resolve().parents[2] / "inventory" / "production" / "group_vars" / "serving.yml"
-ROUND_COST_SERVERS = ("8b-baseline", "dflash-8b", "ddtree-8b-b16", "ddtree-8b-b64")
-"""The round-cost step's servers (random weights, config-only Qwen3-8B-shaped models)."""
+ROUND_COST_SERVERS = ("8b-baseline", "dflash-8b", "dflash-8b-sync", "ddtree-8b-b15", "ddtree-8b-b16", "ddtree-8b-b64",
+                      "ddtree-8b-b256", "ddtree-8b-b64-sync", "27b-baseline", "dflash-27b", "dflash-27b-sync",
+                      "ddtree-27b-b15", "ddtree-27b-b64", "ddtree-27b-b64-sync")
+"""The round-cost steps' servers (random weights, config-only Qwen3-8B- and Qwen3.6-27B-shaped models)."""
 
 
 def test_every_serving_command_parses_and_every_refusal_fails_with_the_plugins_message(
@@ -40,9 +42,11 @@ def test_the_round_cost_servers_load_random_weights_for_target_and_drafter(run_p
     for name in ROUND_COST_SERVERS:
         assert outcome[name]["ok"], f"{name}: {outcome[name].get('error')}"
         assert outcome[name]["load_format"] == "dummy", name
-        expected_draft = None if name == "8b-baseline" else "dummy"
+        expected_draft = None if name.endswith("baseline") else "dummy"
         assert outcome[name]["draft_load_format"] == expected_draft, name
-        assert outcome[name]["draft_tokens"] == (None if name == "8b-baseline" else 16), name
+        assert outcome[name]["draft_tokens"] == (None if name.endswith("baseline") else 16), name
+        # DDTREE runs under the overlap scheduler as DFLASH does; only the -sync servers turn it off.
+        assert outcome[name]["disable_overlap_schedule"] == name.endswith("-sync"), name
     # Everything else reads its checkpoint.
     assert {o["load_format"] for n, o in outcome.items() if o["ok"] and n not in ROUND_COST_SERVERS} == {"auto"}
 

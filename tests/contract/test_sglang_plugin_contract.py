@@ -60,7 +60,7 @@ def test_server_args_handling_sets_what_ddtree_needs(run_probe: ProbeRunner) -> 
     assert spec["resolved"] == {
         "speculative_num_steps": 1,
         "speculative_eagle_topk": 2,
-        "disable_overlap_schedule": True,
+        "disable_overlap_schedule": False,
         "speculative_num_draft_tokens": 16,
         "max_running_requests": 48,
         "page_size": 1,
@@ -72,6 +72,10 @@ def test_server_args_handling_sets_what_ddtree_needs(run_probe: ProbeRunner) -> 
     # SGLang sizes buffers with either D or max(D, W) as the argument: the answer is W (target) / D (drafter)
     # either way (65 raised "must be in 2..16" in the scheduler on the first GPU start).
     assert spec["widths_by_argument"] == {"16": [65, 16], "65": [65, 16]}
+    # Registered for SGLang's overlap scheduler (0.5.23 calls supports_overlap=False deprecated): a server with
+    # overlap on (the default) gets the DDTree worker instead of "does not support overlap scheduling".
+    assert spec["supports_overlap"] is True
+    assert spec["worker_with_overlap"] == "DDTreeWorker"
 
 
 @pytest.mark.parametrize(
@@ -147,8 +151,8 @@ def test_sglang_greedy_tree_verify_walks_ddtree_layouts_like_the_reference(run_p
 
 DELIBERATE_DIFFERENCES_FROM_DFLASH = {
     # CustomSpecAlgo's conservative False where DFLASH says True; none of these paths has run a tree verify:
-    # grammar FSM advanced inside verify under the overlap barrier (DDTREE runs without overlap and builds its
-    # grammar masks per tree itself),
+    # grammar FSM advanced inside verify under the overlap barrier (DDTREE builds its grammar masks per tree itself;
+    # SGLang then syncs the scheduler for grammar batches instead of overlapping them),
     "supports_grammar_overlap",
     # --enable-mixed-chunk kept on (SGLang turns it off for DDTREE instead),
     "supports_mixed_chunk",

@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="interpreter that runs sglang.launch_server (default: this one)")
     parser.add_argument("--only", type=lambda text: [n for n in text.split(",") if n], default=[],
                         help="comma-separated steps of the plan to run (servers by name, or 'hybrid', "
-                             "'refusals', 'round-cost')")
+                             "'refusals', 'round-cost', 'round-cost-8b', 'round-cost-27b')")
     parser.add_argument("--resume", action="store_true",
                         help="go on from the state an earlier run left in --out: its baseline and case lines are "
                              "kept and its finished steps skipped")

@@ -19,8 +19,12 @@ from ddtree_runtime.acceptance.prompts import (
 from ddtree_runtime.acceptance.round_cost import (
     RANDOM_PAIR_FLAGS,
     RANDOM_TARGET_FLAGS,
-    round_cost_dirs,
-    write_round_cost_pair,
+    SHAPE_8B,
+    SHAPE_27B,
+    SHAPES,
+    SYNC_FLAGS,
+    RoundCostShape,
+    write_shape_pair,
 )
 from ddtree_runtime.acceptance.suite import Suite, SuiteSettings
 
@@ -92,26 +96,55 @@ def _trained_hybrid(suite: Suite) -> None:
     _run_hybrid(suite, trained_hybrid_specs(), "trained hybrid")
 
 
-def round_cost_specs(models: Path) -> list[ServerSpec]:
-    """Baseline, DFLASH and DDTREE (every budget of :data:`DDTREE_BUDGETS`) on the random-weight Qwen3-8B-shaped
-    target and its 1B-shaped drafter (:mod:`ddtree_runtime.acceptance.round_cost`), config-only models under
-    ``models``."""
-    target, drafter = round_cost_dirs(models)
+ROUND_COST_BUDGETS = {SHAPE_8B.name: (15, 16, 64, 256), SHAPE_27B.name: (15, 64)}
+"""DDTREE budgets measured per shape: 15 has DFLASH's verify width (16), 16 the default of production's draft
+length, 64 and 256 wider trees. At 27B, 256 is left out: with the production mamba flags SGLang refuses a verify
+wider than ``mamba_track_interval`` (256)."""
+ROUND_COST_SYNC_BUDGET = 64
+"""The DDTREE budget also measured without overlap scheduling (what overlap is worth to a tree round)."""
+
+
+def round_cost_shape_specs(shape: RoundCostShape, models: Path) -> list[ServerSpec]:
+    """Baseline, DFLASH as SGLang runs it by default and without overlap scheduling, DDTREE at every budget of
+    :data:`ROUND_COST_BUDGETS` (and one without overlap) on ``shape``'s config-only models under ``models``."""
+    target, drafter = shape.dirs(models)
+    flags = shape.target_flags
+    pair = {"model_path": target, "draft_model_path": drafter, "draft_tokens": DRAFT_TOKENS}
+
+    def ddtree(budget: int, sync: bool = False) -> ServerSpec:
+        return ServerSpec(f"ddtree-{shape.name}-b{budget}{'-sync' if sync else ''}", algorithm="DDTREE",
+                          budget=budget, extra_flags=(*RANDOM_PAIR_FLAGS, *flags, *(SYNC_FLAGS if sync else ())),
+                          **pair)
+
     return [
-        ServerSpec("8b-baseline", target, extra_flags=RANDOM_TARGET_FLAGS),
-        ServerSpec("dflash-8b", target, algorithm="DFLASH", draft_model_path=drafter, draft_tokens=DRAFT_TOKENS,
-                   extra_flags=RANDOM_PAIR_FLAGS),
-        *(ServerSpec(f"ddtree-8b-b{budget}", target, algorithm="DDTREE", draft_model_path=drafter,
-                     draft_tokens=DRAFT_TOKENS, budget=budget, extra_flags=RANDOM_PAIR_FLAGS)
-          for budget in DDTREE_BUDGETS),
+        ServerSpec(f"{shape.name}-baseline", target, extra_flags=(*RANDOM_TARGET_FLAGS, *flags)),
+        ServerSpec(f"dflash-{shape.name}", algorithm="DFLASH", extra_flags=(*RANDOM_PAIR_FLAGS, *flags), **pair),
+        ServerSpec(f"dflash-{shape.name}-sync", algorithm="DFLASH",
+                   extra_flags=(*RANDOM_PAIR_FLAGS, *flags, *SYNC_FLAGS), **pair),
+        *(ddtree(budget) for budget in ROUND_COST_BUDGETS[shape.name]),
+        ddtree(ROUND_COST_SYNC_BUDGET, sync=True),
     ]
 
 
-def _round_cost(suite: Suite) -> None:
-    models = suite.out_dir / "models"
-    write_round_cost_pair(models)
-    for spec in round_cost_specs(models):
-        suite.run_round_cost(spec)
+def round_cost_specs(models: Path) -> list[ServerSpec]:
+    """Every round-cost server, shape by shape (:data:`ddtree_runtime.acceptance.round_cost.SHAPES`)."""
+    return [spec for shape in SHAPES for spec in round_cost_shape_specs(shape, models)]
+
+
+def _round_cost_step(shape: RoundCostShape, index: int, name: str) -> Step:
+    def run(suite: Suite) -> None:
+        models = suite.out_dir / "models"
+        write_shape_pair(shape, models)
+        suite.run_round_cost(round_cost_shape_specs(shape, models)[index], shape)
+
+    return Step(name, run, groups=("round-cost", f"round-cost-{shape.name}"))
+
+
+def round_cost_steps() -> list[Step]:
+    """One step per round-cost server (its models written under the suite's ``--out``), in the groups
+    ``round-cost`` and ``round-cost-<shape>``."""
+    return [_round_cost_step(shape, index, spec.name) for shape in SHAPES
+            for index, spec in enumerate(round_cost_shape_specs(shape, Path("models")))]
 
 
 def refusal_specs() -> list[tuple[ServerSpec, str]]:
@@ -129,10 +162,11 @@ def refusal_specs() -> list[tuple[ServerSpec, str]]:
 
 @dataclass(frozen=True)
 class Step:
-    """One server of a plan (or the refusal starts), by the name ``--only`` selects it with."""
+    """One server of a plan (or the refusal starts), by the name ``--only`` selects it with (or a group's)."""
 
     name: str
     run: Callable[[Suite], None]
+    groups: tuple[str, ...] = ()
 
 
 def _speculative(spec: ServerSpec, *, load: bool = False, sampling: bool = False, requests: bool = False) -> Step:
@@ -166,7 +200,7 @@ def full_plan() -> list[Step]:
     steps.append(Step("hybrid", _hybrid))
     steps.append(Step("hybrid-trained", _trained_hybrid))
     steps.append(Step("refusals", _refusals))
-    steps.append(Step("round-cost", _round_cost))
+    steps += round_cost_steps()
     return steps
 
 
@@ -181,15 +215,18 @@ PLANS: dict[str, Callable[[], list[Step]]] = {"full": full_plan, "quick": quick_
 
 
 def select_steps(plan: str, only: Sequence[str]) -> list[Step]:
+    """The plan's steps, or those ``only`` names (a step's name or one of its groups), in plan order."""
     steps = PLANS[plan]()
     if not only:
         return steps
-    known = {step.name for step in steps}
+    known = {step.name for step in steps} | {group for step in steps for group in step.groups}
     unknown = sorted(set(only) - known)
     if unknown:
-        names = ", ".join(step.name for step in steps)
+        names = ", ".join(dict.fromkeys([*(step.name for step in steps),
+                                         *(group for step in steps for group in step.groups)]))
         raise ValueError(f"--only {', '.join(unknown)}: not a step of plan {plan!r} ({names})")
-    return [step for step in steps if step.name in only]
+    wanted = set(only)
+    return [step for step in steps if step.name in wanted or wanted & set(step.groups)]
 
 
 def run_steps(suite: Suite, steps: Sequence[Step], after_step: Callable[[Suite], None],

@@ -52,20 +52,23 @@ def throughput_markdown(rows: list[dict[str, Any]], max_new_tokens: Any) -> list
 def round_cost_markdown(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
-    target, drafter = round_cost.ROUND_COST_TARGET, round_cost.ROUND_COST_DRAFTER
     lines = ["", "## Round cost at real size (figures, not pass/fail)", "",
-             f"Random weights (`{' '.join(round_cost.RANDOM_PAIR_FLAGS)}`): a Qwen3-8B-shaped target "
-             f"({target.num_hidden_layers} layers, hidden {target.hidden_size}) and a DFlash drafter of "
-             f"{drafter.num_hidden_layers} layers of its width. Batch 1, greedy, ignore_eos, a "
-             f"{round_cost.PROMPT_TOKENS}-token prompt at {round_cost.SHORT_NEW_TOKENS} and "
-             f"{round_cost.LONG_NEW_TOKENS} new tokens; ms per round = difference in seconds / difference in decode "
-             "rounds (spec_verify_ct; the baseline: tokens), tokens/s over the same difference.", "",
-             "| server | algorithm | ms per round | tokens per round | tokens/s | DDTREE / DFLASH ms per round |",
-             "|---|---|---:|---:|---:|---:|"]
+             f"Random weights (`{' '.join(round_cost.RANDOM_PAIR_FLAGS)}`), config-only models: "
+             + "; ".join(f"`{shape.name}`: {shape.title}, batch {', '.join(map(str, shape.batches))}"
+                         for shape in round_cost.SHAPES)
+             + f". Greedy, ignore_eos, {round_cost.PROMPT_TOKENS}-token prompts at {round_cost.SHORT_NEW_TOKENS} "
+             f"and {round_cost.LONG_NEW_TOKENS} new tokens (batch n: n prompts in one call); ms per round = "
+             "difference in seconds / difference in decode rounds per request (spec_verify_ct; the baseline: "
+             "tokens), tokens/s over the same difference. x DFLASH: against SGLang's DFLASH as it runs by default "
+             "(overlap scheduling on), same shape and batch; `sync`: `--disable-overlap-schedule`.", "",
+             "| server | shape | algorithm | budget | overlap | batch | ms per round | tokens per round | tokens/s "
+             "| x DFLASH ms per round |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['server']} | {r['algorithm']} | {_figure(r['ms_per_round'])} | "
+        lines.append(f"| {r['server']} | {r['shape']} | {r['algorithm']} | {_figure(r['budget'])} | "
+                     f"{'on' if r['overlap'] else 'off'} | {r['batch']} | {_figure(r['ms_per_round'])} | "
                      f"{_figure(r['tokens_per_round'])} | {_figure(r['tokens_per_s'])} | "
-                     f"{_figure(r['ddtree_vs_dflash_ms_per_round'])} |")
+                     f"{_figure(r['vs_dflash_ms_per_round'])} |")
     return lines
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from ddtree_runtime.acceptance.launch import DEFAULT_DTYPE, Server, ServerError, ServerSpec, generate, start_server
 from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, LoadRequest, Prompt, load_mix
-from ddtree_runtime.acceptance.round_cost import measure_round_cost
+from ddtree_runtime.acceptance.round_cost import SHAPE_8B, SYNC_FLAGS, RoundCostShape, measure_round_cost
 from ddtree_runtime.acceptance.stats import (
     Agreement,
     agreement,
@@ -456,14 +456,17 @@ class Suite:
                 entry[figure] = measured.as_dict()
         self.throughput[server.spec.name] = entry
 
-    def run_round_cost(self, spec: ServerSpec) -> None:
-        """A random-weight real-size server, started once: its identity, then its round cost (:mod:`.round_cost`)."""
+    def run_round_cost(self, spec: ServerSpec, shape: RoundCostShape = SHAPE_8B) -> None:
+        """A random-weight real-size server, started once: its identity, then its round cost at each of ``shape``'s
+        batches (:mod:`.round_cost`)."""
 
         def body(server: Server) -> None:
             self.check_identity(server, spec.algorithm, "round cost: start + /server_info")
-            measured = self.measure("round cost: ms per decode round", server, partial(measure_round_cost, server))
+            measured = self.measure("round cost: ms per decode round", server,
+                                    partial(measure_round_cost, server, shape))
             if measured is not None:
                 self.round_costs[spec.name] = {"algorithm": spec.algorithm or "none", "budget": spec.budget,
+                                               "shape": shape.name, "overlap": SYNC_FLAGS[0] not in spec.extra_flags,
                                                **measured}
 
         self.with_server(spec, body)

@@ -25,8 +25,11 @@ HOOK_TARGETS = (
     "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
     # The capture-time dummy verify input must have the tree's width and a custom mask.
     "sglang.srt.speculative.spec_info.create_dummy_verify_input",
-    # DFLASH's decode step reserves 2 x D KV slots; a tree verify needs W = budget + 1 from the same start.
+    # DFLASH's decode step reserves 2 x D KV slots (the commit lagging one round under overlap, then the block);
+    # a tree round needs D + W.
     "sglang.srt.speculative.dflash_info_v2.page_aligned_decode_alloc_lens",
+    # The req_to_token rows' headroom past the context length must hold that reservation.
+    "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
     # Triton sizes the target's graph-replay tree-mask buffer with D; a tree verify writes W rows per request.
     "sglang.srt.layers.attention.verify_mask.maybe_create_verify_mask",
 )

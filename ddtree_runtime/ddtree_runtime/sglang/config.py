@@ -56,15 +56,28 @@ class DDTreeSettings:
         """Tokens per request in the target verify forward: the root plus ``budget`` nodes."""
         return self.budget + 1
 
+    @property
+    def max_committed_per_round(self) -> int:
+        """Most tokens one round commits: an accepted path (root included) is at most D deep and W wide."""
+        return min(self.draft_tokens, self.verify_width)
+
     def decode_reservation(self, reserve: int) -> int:
         """KV slots a decode step reserves past the committed length, given DFLASH's ``reserve`` (2 x D).
 
-        The drafter writes D slots and the verify W from the same start, so at least max(D, W). Not 2 x W: DFLASH's
-        factor 2 absorbs the committed length lagging one step under overlap scheduling, which DDTREE runs without,
-        and SGLang sizes each request's ``req_to_token`` row with 4 + max(D, W) slots of headroom (from the same
-        ``resolve_max_speculative_num_draft_tokens``), which 2 x W would overrun near the context end.
+        The drafter writes D slots and the verify W from the committed length. Under overlap scheduling the
+        scheduler plans round t+1 while round t runs, from the committed length before round t, so round t's commit
+        (at most :attr:`max_committed_per_round`) comes on top: ``min(D, W) + max(D, W) = D + W``. That is DFLASH's
+        2 x D with the tree's width in place of one D, and safe without overlap too.
         """
-        return max(reserve, self.draft_tokens, self.verify_width)
+        return max(reserve, self.max_committed_per_round + max(self.draft_tokens, self.verify_width))
+
+    def req_to_token_headroom(self, headroom: int) -> int:
+        """Slots past the context length each ``req_to_token`` row needs, given SGLang's ``headroom``.
+
+        SGLang adds 4 + max(D, W); a request near its context limit reserves :meth:`decode_reservation` slots from
+        a committed length that may already sit at the limit.
+        """
+        return max(headroom, 4 + self.decode_reservation(0))
 
     def topk_for_vocab(self, vocab_size: int) -> int:
         """Per-depth top-k DDTree uses for a vocabulary: ``min(budget, vocab, cap)``."""

@@ -66,9 +66,6 @@ def handle_server_args(server_args: Any) -> None:
     # topk > 1 makes FA3 read the custom mask and the hybrid GDN backend run its tree-aware scan.
     if getattr(server_args, "speculative_eagle_topk", None) != settings.verify_topk:
         server_args.speculative_eagle_topk = settings.verify_topk
-    # The worker runs synchronously: the tree of round t+1 depends on the bonus token of round t.
-    if not getattr(server_args, "disable_overlap_schedule", False):
-        server_args.disable_overlap_schedule = True
     if getattr(server_args, "max_running_requests", None) is None:
         server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
     if getattr(server_args, "page_size", None) is None:
@@ -151,10 +148,16 @@ def _dummy_verify_input_hook(
 
 
 def _decode_reservation_hook(original: Callable[..., Any], reqs: Any, *, reserve: int, page_size: int) -> Any:
-    """DFLASH reserves 2 x D slots per decode step; a DDTree verify window is W = budget + 1 slots wide."""
+    """DFLASH reserves 2 x D slots per decode step; DDTREE reserves D + W (:meth:`DDTreeSettings.decode_reservation`)."""
     if ddtree_is_active():
         reserve = published_settings().decode_reservation(reserve)
     return original(reqs, reserve=reserve, page_size=page_size)
+
+
+def _row_headroom_hook(original: Callable[..., int]) -> int:
+    """``req_to_token`` rows must hold a decode reservation made at the context limit (D + W past it, not D)."""
+    headroom = original()
+    return published_settings().req_to_token_headroom(headroom) if ddtree_is_active() else headroom
 
 
 def _verify_mask_size_hook(original: Callable[..., Any], **kwargs: Any) -> Any:
@@ -169,6 +172,7 @@ HOOKS: dict[str, Callable[..., Any]] = {
     "sglang.srt.speculative.spec_info.create_dummy_verify_input": _dummy_verify_input_hook,
     "sglang.srt.speculative.dflash_info_v2.page_aligned_decode_alloc_lens": _decode_reservation_hook,
     "sglang.srt.layers.attention.verify_mask.maybe_create_verify_mask": _verify_mask_size_hook,
+    "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len": _row_headroom_hook,
 }
 
 
@@ -183,7 +187,7 @@ def register_ddtree() -> None:
         return
     SpeculativeAlgorithm.register(
         compat.ALGORITHM_NAME,
-        supports_overlap=False,
+        supports_overlap=True,
         validate_server_args=validate_server_args,
         spec_class=DDTreeSpecAlgo,
     )(worker_class)

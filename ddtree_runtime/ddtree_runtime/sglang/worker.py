@@ -99,7 +99,7 @@ def uses_compiled_kernels() -> bool:
 
 
 class DDTreeWorker(DFlashWorkerV2):
-    """DFlash V2 worker whose decode rounds draft, verify and commit DDTree trees (synchronous scheduling)."""
+    """DFlash V2 worker whose decode rounds draft, verify and commit DDTree trees (overlap scheduling or not)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -143,6 +143,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _tree_round(self, batch: Any, on_publish: Any, grammar_barrier: Any = None) -> GenerationBatchResult:
         draft_input = batch.spec_info
+        # Under overlap scheduling the lengths come from the previous round, possibly on another stream.
+        batch.seq_lens.record_stream(torch.cuda.current_stream(batch.seq_lens.device))
         prefix_lens = batch.seq_lens
         bs = len(prefix_lens)
         width = self.ddtree.verify_width
@@ -269,10 +271,21 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the DFlash drafter returned no hidden states")
         return hidden.view(bs, block, -1)
 
-    def _host_seq_lens(self, batch: Any) -> torch.Tensor:
+    @staticmethod
+    def _host_seq_lens(batch: Any) -> torch.Tensor:
+        """Committed lengths known on the host, or an upper bound; never a device read.
+
+        Under overlap scheduling SGLang publishes the exact lengths when the attention backend asks for them (the
+        triton backend does); otherwise the lengths reserved for this round bound them, as DFLASH uses them.
+        Both only size the host-side plans and the flat tree mask, whose per-request offsets the kernels take from
+        the device lengths.
+        """
         if batch.seq_lens_cpu is not None:
             return batch.seq_lens_cpu
-        return batch.seq_lens.to("cpu")
+        reserved = getattr(batch.spec_info, "nxt_kv_lens_cpu", None)
+        if reserved is None:
+            raise RuntimeError("DDTREE: the batch carries neither host sequence lengths nor the reserved lengths")
+        return reserved.to(torch.int64)
 
     # ---- 2) tree ----------------------------------------------------------------------------------------------
 
