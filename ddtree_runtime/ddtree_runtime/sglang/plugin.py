@@ -148,7 +148,7 @@ def _dummy_verify_input_hook(
 
 
 def _decode_reservation_hook(original: Callable[..., Any], reqs: Any, *, reserve: int, page_size: int) -> Any:
-    """DFLASH reserves 2 x D slots per decode step; DDTREE reserves D + W (:meth:`DDTreeSettings.decode_reservation`)."""
+    """DFLASH reserves 2 x D slots per decode step, DDTREE D + W (:meth:`DDTreeSettings.decode_reservation`)."""
     if ddtree_is_active():
         reserve = published_settings().decode_reservation(reserve)
     return original(reqs, reserve=reserve, page_size=page_size)
