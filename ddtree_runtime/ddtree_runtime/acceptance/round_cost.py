@@ -152,15 +152,16 @@ RANDOM_PAIR_FLAGS = (*RANDOM_TARGET_FLAGS, "--speculative-draft-load-format", "d
 SYNC_FLAGS = ("--disable-overlap-schedule",)
 """A server without SGLang's overlap scheduler (the CPU then prepares a round only after the last one ended)."""
 
-SHAPE_27B_FLAGS = ("--mem-fraction-static", "0.80", "--max-running-requests", "1", "--cuda-graph-max-bs-decode", "1",
-                   "--context-length", "32768", "--mamba-full-memory-ratio", "0.5",
+SHAPE_27B_FLAGS = ("--mem-fraction-static", "0.90", "--max-running-requests", "1", "--cuda-graph-max-bs-decode", "1",
+                   "--context-length", "32768", "--mamba-ssm-dtype", "bfloat16", "--mamba-full-memory-ratio", "0.5",
                    "--mamba-radix-cache-strategy", "extra_buffer")
 """At 27B: the bf16 weights take about 58 GB (target 54, drafter 3.5 beyond the shared embedding and head), so the
-static share is raised (an H200's 141 GB; an 80 GB H100 needs 0.90 and ``--mamba-ssm-dtype bfloat16``). One running
-request: SGLang keeps a Gated DeltaNet state per verify token and request (48 layers x 48 heads x 128 x 128 float32
-= 151 MB), 2.4 GB for DFLASH's 16 tokens and 9.8 GB for a budget-64 tree per request, so sixteen requests of a
-budget-64 tree (157 GB) fit no single GPU. The production unit's mamba settings; a 32k context keeps the verify-mask
-buffer small (the round cost does not depend on it)."""
+static share is raised to what an 80 GB H100 needs (the same flags on an H200, so the figures compare across the
+two). One running request and bfloat16 recurrent state: SGLang keeps a Gated DeltaNet state per verify token and
+request (48 layers x 48 heads x 128 x 128, 75 MB in bfloat16, 151 MB in float32), 1.2 GB for DFLASH's 16 tokens and
+4.9 GB for a budget-64 tree per request, so sixteen requests of a budget-64 tree (79 GB) fit no 80 GB card beside
+the weights. The production unit's mamba radix settings; a 32k context keeps the verify-mask buffer small (the round
+cost does not depend on it)."""
 
 PROMPT_TOKENS = 128
 WARM_UP_NEW_TOKENS = 16
