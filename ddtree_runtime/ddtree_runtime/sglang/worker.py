@@ -184,13 +184,15 @@ class DDTreeWorker(DFlashWorkerV2):
             # Rows of the accepted nodes, in path order: the same [B, S] layout as the committed tokens.
             compute_spec_logprobs(batch, logits_output, predict, accept_index=paths.rows)
         new_seq_lens = prefix_lens + paths.lengths.to(prefix_lens.dtype)
-        self._commit_kv(batch, paths, verify_locs)
+        # The accepted path first, then the other slots: how both the target's and the drafter's KV are committed.
+        order = accepted_first_order(paths, width)
+        self._commit_kv(batch, order, verify_locs)
         if self._need_mamba_verify_commit:
             self._commit_mamba_state(batch, seq_lens_pre_verify, new_seq_lens, paths)
         if on_publish is not None:
             on_publish(new_seq_lens)
         write_ids = self._draft_write_ids(verify_input.kv_loc_plan).view(bs, width)
-        self._append_committed_features(logits_output.hidden_states, paths, write_ids, prefix_lens)
+        self._append_committed_features(logits_output.hidden_states, paths, order, write_ids, prefix_lens)
         logits_output.hidden_states = None
         out_tokens = committed_tokens(predict, paths, int(self.block_size))
         bonus = torch.gather(out_tokens, 1, (paths.lengths - 1)[:, None]).view(-1)
@@ -385,27 +387,29 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---- 4) commit --------------------------------------------------------------------------------------------
 
-    def _commit_kv(self, batch: Any, paths: AcceptedPaths, verify_locs: torch.Tensor) -> None:
-        """Permute each request's W verify slots so the accepted path occupies positions prefix..prefix+tau-1."""
+    def _commit_kv(self, batch: Any, order: torch.Tensor, verify_locs: torch.Tensor) -> None:
+        """Permute each request's W verify slots (``order``: :func:`accepted_first_order`) so the accepted path
+        occupies positions prefix..prefix+tau-1."""
         width = verify_locs.shape[1]
-        order = accepted_first_order(paths, width)
         columns = batch.seq_lens[:, None].to(torch.long) + torch.arange(width, device=verify_locs.device)[None, :]
         rows = batch.req_pool_indices[:, None].to(torch.long).expand(-1, width)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         req_to_token[rows, columns] = torch.gather(verify_locs, 1, order).to(req_to_token.dtype)
 
     def _append_committed_features(
-        self, hidden: torch.Tensor, paths: AcceptedPaths, write_ids: torch.Tensor, prefix_lens: torch.Tensor
+        self, hidden: torch.Tensor, paths: AcceptedPaths, order: torch.Tensor, write_ids: torch.Tensor,
+        prefix_lens: torch.Tensor,
     ) -> None:
         """Write the accepted nodes' target features into the drafter KV at their committed positions.
 
-        ``write_ids`` are the verify slots as the draft pool indexes them (the parent's ``_draft_write_ids``). Only
+        ``order`` is the round's :func:`accepted_first_order`; ``write_ids`` are the verify slots as the draft pool
+        indexes them (the parent's ``_draft_write_ids``). Only
         the first min(D, W) columns go to the drafter: no accepted path is longer, and the fused writer computes
         K/V and rotary for every row it is given (rows past D would reach past its ``context + D`` rotary cache).
         """
         bs, width = write_ids.shape
         kept = min(int(self.block_size), width)  # a path is at most min(D, W) nodes long
-        order = accepted_first_order(paths, width)[:, :kept]
+        order = order[:, :kept]
         rows = (torch.arange(bs, device=order.device)[:, None] * width + order).reshape(-1)
         features = hidden.view(bs * width, -1)[rows]
         cache_loc_2d = torch.gather(write_ids, 1, order)
