@@ -44,6 +44,7 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 from ddtree_runtime import ops
 from ddtree_runtime.ops import VerifyInputs
 from ddtree_runtime.sglang.config import ENV_DEBUG_TREE_DIGEST, resolve_settings
+from ddtree_runtime.sglang.round_stages import RoundStages
 from ddtree_runtime.sglang.tree_inputs import (
     AcceptedPaths,
     accepted_first_order,
@@ -139,19 +140,30 @@ class DDTreeWorker(DFlashWorkerV2):
         if batch.spec_info is None or not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
         self._validate_phase1_sampling_support(batch)
-        return self._tree_round(batch, on_publish, grammar_barrier)
+        stages = RoundStages()
+        try:
+            return self._tree_round(batch, stages, on_publish, grammar_barrier)
+        finally:
+            stages.close()
 
-    def _tree_round(self, batch: Any, on_publish: Any, grammar_barrier: Any = None) -> GenerationBatchResult:
+    def _tree_round(
+        self, batch: Any, stages: RoundStages, on_publish: Any, grammar_barrier: Any = None
+    ) -> GenerationBatchResult:
         draft_input = batch.spec_info
         # Under overlap scheduling the lengths come from the previous round, possibly on another stream.
         batch.seq_lens.record_stream(torch.cuda.current_stream(batch.seq_lens.device))
         prefix_lens = batch.seq_lens
         bs = len(prefix_lens)
         width = self.ddtree.verify_width
+        stages.enter("draft")
         draft_hidden = self._draft_block_hidden(batch, draft_input.bonus_tokens)
-        inputs = self._verify_inputs(draft_hidden, draft_input.bonus_tokens, batch, bs)
+        stages.enter("topk")
+        log_probs, ids = self._draft_topk(draft_hidden, bs)
+        stages.enter("tree")
+        inputs = self._verify_inputs(log_probs, ids, draft_input.bonus_tokens, batch)
         if self._check_digests:
             self._compare_tree_digests(inputs)
+        stages.enter("verify")
         verify_locs = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=self.model_runner.req_to_token_pool.req_to_token,
@@ -167,6 +179,7 @@ class DDTreeWorker(DFlashWorkerV2):
             inputs.retrieve_next_token, inputs.retrieve_next_sibling, inputs.candidates
         ) if batch.has_grammar else None
         logits_output, target_out, verify_input = self._verify(batch, draft_input, inputs, verify_locs)
+        stages.enter("accept")
         grammar_mask = None
         if grammar_tree is not None:
             grammar_mask = build_grammar_vocab_mask(
@@ -183,6 +196,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if batch.return_logprob:
             # Rows of the accepted nodes, in path order: the same [B, S] layout as the committed tokens.
             compute_spec_logprobs(batch, logits_output, predict, accept_index=paths.rows)
+        stages.enter("commit")
         new_seq_lens = prefix_lens + paths.lengths.to(prefix_lens.dtype)
         # The accepted path first, then the other slots: how both the target's and the drafter's KV are committed.
         order = accepted_first_order(paths, width)
@@ -291,22 +305,26 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---- 2) tree ----------------------------------------------------------------------------------------------
 
-    def _verify_inputs(
-        self, draft_hidden: torch.Tensor, bonus_tokens: torch.Tensor, batch: Any, bs: int
-    ) -> VerifyInputs:
-        """Per-depth top-k over the target lm_head (TP-gathered), then the trees and their verify inputs."""
+    def _draft_topk(self, draft_hidden: torch.Tensor, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-depth float32 top-k log-probabilities and ids ``[B, L, k]`` of the drafter's positions over the
+        target's LM head (TP-gathered)."""
         depth = self.ddtree.max_depth
         hidden = draft_hidden[:, 1 : depth + 1, :].reshape(bs * depth, -1)
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
         vocab = int(self.model_runner.model_config.vocab_size)
         k = self.ddtree.topk_for_vocab(vocab)
         log_probs, ids = self._global_topk(hidden, lm_head, k)
-        log_probs, ids = log_probs.view(bs, depth, k), ids.view(bs, depth, k)
+        return log_probs.view(bs, depth, k), ids.view(bs, depth, k)
+
+    def _verify_inputs(
+        self, log_probs: torch.Tensor, ids: torch.Tensor, bonus_tokens: torch.Tensor, batch: Any
+    ) -> VerifyInputs:
+        """The trees built from the per-depth top-k, and their verify inputs."""
         seq_lens_sum = int(self._host_seq_lens(batch).sum())
         if self._compiled:
             return compiled_sglang_verify_inputs(log_probs, ids, bonus_tokens, batch.seq_lens,
                                                  seq_lens_sum=seq_lens_sum, budget=self.ddtree.budget)
-        budgets = torch.full((bs,), self.ddtree.budget, dtype=torch.long, device=log_probs.device)
+        budgets = torch.full((log_probs.shape[0],), self.ddtree.budget, dtype=torch.long, device=log_probs.device)
         trees = build_tree_batch_from_topk(log_probs, ids, budgets)
         return sglang_verify_inputs(trees, bonus_tokens, batch.seq_lens, width=self.ddtree.verify_width,
                                     seq_lens_sum=seq_lens_sum)

@@ -1,0 +1,126 @@
+"""Where a decode round's time goes, from a torch-profiler trace of a real server (SGLang's ``/start_profile``).
+
+The trace is the Chrome-format JSON the profiler exports (``*.trace.json.gz``). Three kinds of events matter:
+
+- GPU work: ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` events (device time), each with a ``correlation`` id;
+- its launches: ``cuda_runtime`` / ``cuda_driver`` events (host time) with the same ``correlation``, among them
+  ``cudaGraphLaunch`` for every kernel of a CUDA-graph replay;
+- the DDTree worker's stage ranges: ``user_annotation`` events named ``ddtree.<stage>``
+  (:data:`ddtree_runtime.sglang.round_stages.ROUND_STAGES`), which the worker opens only while a profiler runs.
+
+Each GPU event belongs to the innermost stage range that holds its launch on the launching thread (``other`` when
+none does: the scheduler's own work, or a stock worker without ranges), and to a CUDA graph or not by its launch.
+Over the profiled window (first GPU event's start to the last one's end) the GPU is idle wherever no GPU event runs;
+figures are per decode round (the caller says how many rounds the window holds).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddtree_runtime.sglang.round_stages import RANGE_PREFIX
+
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Interval:
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class StageRange:
+    name: str
+    tid: Any
+    start: float
+    end: float
+
+
+def load_trace(path: Path) -> list[dict[str, Any]]:
+    """The events of a Chrome trace (``.json`` or ``.json.gz``; a top-level list or ``{"traceEvents": [...]}``)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as handle:
+        data = json.load(handle)
+    events = data.get("traceEvents", []) if isinstance(data, Mapping) else data
+    return [event for event in events if isinstance(event, Mapping)]
+
+
+def _complete(events: Iterable[Mapping[str, Any]], categories: frozenset[str]) -> list[Mapping[str, Any]]:
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in categories and "ts" in e and "dur" in e]
+
+
+def busy_time(intervals: Sequence[Interval]) -> float:
+    """Length of the union of ``intervals`` (overlapping GPU work, e.g. two streams, counts once)."""
+    total, reach = 0.0, float("-inf")
+    for interval in sorted(intervals, key=lambda i: i.start):
+        if interval.end <= reach:
+            continue
+        total += interval.end - max(interval.start, reach)
+        reach = interval.end
+    return total
+
+
+def _stage_of(launch: Mapping[str, Any] | None, ranges: Sequence[StageRange]) -> str:
+    if launch is None:
+        return OTHER
+    at, tid = float(launch["ts"]), launch.get("tid")
+    holding = [r for r in ranges if r.tid == tid and r.start <= at <= r.end]
+    if not holding:
+        return OTHER
+    innermost = min(holding, key=lambda r: r.end - r.start)
+    return innermost.name.removeprefix(RANGE_PREFIX)
+
+
+def summarize(events: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any]:
+    """Per-round GPU time by stage, in and out of CUDA graphs, and the GPU's idle time, in milliseconds.
+
+    Raises ValueError when the trace holds no GPU work or ``rounds`` is not positive.
+    """
+    if rounds <= 0:
+        raise ValueError(f"rounds must be positive, got {rounds}")
+    gpu = _complete(events, GPU_CATEGORIES)
+    if not gpu:
+        raise ValueError("the trace holds no GPU events (was the profiler started with the GPU activity?)")
+    launches = {e.get("args", {}).get("correlation"): e for e in _complete(events, LAUNCH_CATEGORIES)}
+    ranges = [StageRange(str(e["name"]), e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+              for e in _complete(events, frozenset({"user_annotation"}))
+              if str(e.get("name", "")).startswith(RANGE_PREFIX)]
+    by_stage: dict[str, float] = {}
+    in_graphs = 0.0
+    intervals = []
+    for event in gpu:
+        start, duration = float(event["ts"]), float(event["dur"])
+        intervals.append(Interval(start, start + duration))
+        launch = launches.get(event.get("args", {}).get("correlation"))
+        stage = _stage_of(launch, ranges)
+        by_stage[stage] = by_stage.get(stage, 0.0) + duration
+        if launch is not None and launch.get("name") in GRAPH_LAUNCHES:
+            in_graphs += duration
+    window = max(i.end for i in intervals) - min(i.start for i in intervals)
+    busy = busy_time(intervals)
+    per_round_ms = 1e-3 / rounds  # trace times are microseconds
+
+    def ms(value: float) -> float:
+        return round(value * per_round_ms, 4)
+
+    return {
+        "rounds": rounds,
+        "window_ms_per_round": ms(window),
+        "gpu_busy_ms_per_round": ms(busy),
+        "gpu_idle_ms_per_round": ms(window - busy),
+        "gpu_idle_share": round((window - busy) / window, 4) if window > 0 else None,
+        "gpu_ms_per_round_by_stage": {stage: ms(total) for stage, total in sorted(by_stage.items())},
+        "gpu_ms_per_round_in_cuda_graphs": ms(in_graphs),
+        "gpu_ms_per_round_outside_graphs": ms(sum(by_stage.values()) - in_graphs),
+        "gpu_events": len(gpu),
+        "stage_ranges": len(ranges),
+    }

@@ -1,0 +1,100 @@
+"""Where a round's time goes: the worker's stage ranges in a real torch-profiler trace, and the trace summary."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ddtree_runtime.acceptance.round_trace import Interval, busy_time, load_trace, summarize
+from ddtree_runtime.sglang.round_stages import ROUND_STAGES, RoundStages
+
+
+def round_of_stages() -> None:
+    stages = RoundStages()
+    try:
+        for stage in ROUND_STAGES:
+            stages.enter(stage)
+            torch.ones(8).add_(1)
+    finally:
+        stages.close()
+
+
+def test_stage_ranges_reach_a_profiler_trace_in_round_order(tmp_path: Path) -> None:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        round_of_stages()
+    trace = tmp_path / "round.trace.json"
+    profiler.export_chrome_trace(str(trace))
+    ranges = sorted((e for e in load_trace(trace) if e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
+    assert [e["name"] for e in ranges] == [f"ddtree.{stage}" for stage in ROUND_STAGES]
+    for earlier, later in zip(ranges, ranges[1:], strict=False):
+        assert earlier["ts"] + earlier["dur"] <= later["ts"], "one stage closes before the next opens"
+
+
+def test_without_a_profiler_no_range_is_opened() -> None:
+    stages = RoundStages()
+    stages.enter("draft")
+    assert stages._open is None
+    stages.close()
+    with pytest.raises(ValueError, match="unknown round stage 'lm_head'"):
+        stages.enter("lm_head")
+
+
+def kernel(ts: float, dur: float, correlation: int, name: str = "k") -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": 7,
+            "args": {"correlation": correlation}}
+
+
+def launch(ts: float, correlation: int, name: str = "cudaLaunchKernel", tid: int = 1) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 2, "tid": tid,
+            "args": {"correlation": correlation}}
+
+
+def stage(name: str, ts: float, dur: float, tid: int = 1) -> dict[str, Any]:
+    return {"ph": "X", "cat": "user_annotation", "name": f"ddtree.{name}", "ts": ts, "dur": dur, "tid": tid}
+
+
+def two_rounds() -> list[dict[str, Any]]:
+    """Two rounds of 1000 us each: a draft graph (300 us), an eager top-k kernel (100 us), a verify graph (400 us)
+    and a commit kernel (50 us) in the first; the second the same 1000 us later. Gaps: 150 us a round."""
+    events: list[dict[str, Any]] = []
+    for r in range(2):
+        base = 1000.0 * r
+        c = 10 * r
+        events += [stage("draft", base, 40), launch(base + 5, c + 1, "cudaGraphLaunch"),
+                   kernel(base + 10, 300, c + 1),
+                   stage("topk", base + 40, 20), launch(base + 45, c + 2), kernel(base + 310, 100, c + 2),
+                   stage("verify", base + 60, 30), launch(base + 65, c + 3, "cudaGraphLaunch"),
+                   kernel(base + 450, 250, c + 3), kernel(base + 700, 150, c + 3),
+                   stage("commit", base + 90, 10), launch(base + 95, c + 4), kernel(base + 900, 50, c + 4)]
+    # a kernel the scheduler launched outside every range, and a stage range of another thread that holds it
+    events += [launch(2500, 99, tid=2), stage("accept", 2400, 200, tid=3), kernel(1960, 40, 99)]
+    return events
+
+
+def test_summary_attributes_gpu_time_to_the_stage_that_launched_it() -> None:
+    summary = summarize(two_rounds(), rounds=2)
+    assert summary["gpu_ms_per_round_by_stage"] == {"draft": 0.3, "topk": 0.1, "verify": 0.4, "commit": 0.05,
+                                                     "other": 0.02}
+    assert summary["gpu_ms_per_round_in_cuda_graphs"] == 0.7
+    assert summary["gpu_ms_per_round_outside_graphs"] == pytest.approx(0.17)
+    # window 10 .. 2000 us; busy 2 x 850 + 40 (the scheduler's kernel) = 1740 us
+    assert summary["window_ms_per_round"] == pytest.approx(0.995)
+    assert summary["gpu_busy_ms_per_round"] == pytest.approx(0.87)
+    assert summary["gpu_idle_ms_per_round"] == pytest.approx(0.125)
+    assert summary["gpu_idle_share"] == pytest.approx(250 / 1990, abs=1e-4)
+
+
+def test_overlapping_gpu_work_counts_once_and_bad_input_is_refused(tmp_path: Path) -> None:
+    assert busy_time([Interval(0, 10), Interval(5, 12), Interval(20, 21), Interval(1, 3)]) == 13
+    with pytest.raises(ValueError, match="no GPU events"):
+        summarize([stage("draft", 0, 5)], rounds=1)
+    with pytest.raises(ValueError, match="rounds must be positive"):
+        summarize(two_rounds(), rounds=0)
+    packed = tmp_path / "rank0.trace.json.gz"
+    with gzip.open(packed, "wt") as handle:
+        json.dump({"traceEvents": two_rounds()}, handle)
+    assert summarize(load_trace(packed), rounds=2) == summarize(two_rounds(), rounds=2)
