@@ -14,7 +14,12 @@ verdicts and reports can be tested without a GPU. Behaviour (environment):
 - ``FAKE_SGLANG_EOS_AFTER``: greedy requests without ``ignore_eos`` end after this many tokens, as if the model had
   emitted its EOS there (``ignore_eos`` decodes to ``max_new_tokens``, as in SGLang);
 - ``FAKE_SGLANG_FAIL_BATCH`` / ``FAKE_SGLANG_FAIL_MAX_NEW_TOKENS``: a ``/generate`` call with this many prompts / this
-  ``max_new_tokens`` is answered with HTTP 500.
+  ``max_new_tokens`` is answered with HTTP 500;
+- ``FAKE_SGLANG_NO_TRACE``: ``/start_profile`` is accepted but no trace is ever written.
+
+``/start_profile`` writes, half a second later, ``<output_dir>/<profile_id>-TP-0.trace.json.gz``: ``num_steps`` rounds
+of a draft CUDA graph, an eager kernel and a verify graph (a DDTREE server inside its ``ddtree.<stage>`` ranges), with
+idle gaps, the layout :mod:`ddtree_runtime.acceptance.round_trace` reads.
 
 The tokenizer, as SGLang 0.5.23 handles it: without ``--skip-tokenizer-init`` the server loads the model's tokenizer
 at start and exits 1 when the model directory has none (no ``tokenizer.json``; for a multimodal config, one with
@@ -31,11 +36,13 @@ servers, ``spec_verify_ct``, as SGLang's does.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -152,6 +159,26 @@ def refusal(body: dict[str, Any]) -> str | None:
     return None
 
 
+def write_trace(path: Path, algorithm: str | None, rounds: int) -> None:
+    """A torch-profiler trace of ``rounds`` decode rounds: 1000 us each, 850 us of GPU work (see the module doc)."""
+    events: list[dict[str, Any]] = []
+    for r in range(rounds):
+        base, c = 1000.0 * r, 10 * r
+        parts = (("draft", 5, 10, 300, "cudaGraphLaunch"), ("topk", 45, 310, 100, "cudaLaunchKernel"),
+                 ("verify", 65, 450, 400, "cudaGraphLaunch"), ("commit", 95, 900, 50, "cudaLaunchKernel"))
+        for index, (stage, launch_at, start, duration, call) in enumerate(parts):
+            if algorithm == "DDTREE":
+                events.append({"ph": "X", "cat": "user_annotation", "name": f"ddtree.{stage}",
+                               "ts": base + launch_at - 2, "dur": 5, "tid": 1})
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": call, "ts": base + launch_at, "dur": 2, "tid": 1,
+                           "args": {"correlation": c + index}})
+            events.append({"ph": "X", "cat": "kernel", "name": f"{stage}_kernel", "ts": base + start,
+                           "dur": duration, "tid": 7, "args": {"correlation": c + index}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+
+
 def serve(argv: list[str]) -> None:
     algorithm = flag(argv, "--speculative-algorithm")
     tokenizer = "--skip-tokenizer-init" not in argv
@@ -197,6 +224,12 @@ def serve(argv: list[str]) -> None:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/start_profile":
+                if not os.environ.get("FAKE_SGLANG_NO_TRACE"):
+                    path = Path(body["output_dir"]) / f"{body.get('profile_id', 'trace')}-TP-0.trace.json.gz"
+                    threading.Timer(0.5, write_trace, (path, algorithm, int(body["num_steps"]))).start()
+                self.reply(200, "Start profiling.")
+                return
             problem = refusal(body)
             if problem is not None:
                 self.reply(500, {"error": {"message": problem}})

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from ddtree_runtime.acceptance import __main__ as acceptance_cli
+from ddtree_runtime.acceptance import round_trace
 from ddtree_runtime.acceptance.__main__ import main as acceptance_main
 from ddtree_runtime.acceptance.environment import skip_reason
 from ddtree_runtime.acceptance.launch import (
@@ -57,6 +58,7 @@ from ddtree_runtime.acceptance.round_cost import (
     write_round_cost_pair,
     write_shape_pair,
 )
+from ddtree_runtime.acceptance.round_trace import PROFILE_ROUNDS
 from ddtree_runtime.acceptance.stats import (
     Agreement,
     agreement,
@@ -863,3 +865,42 @@ def test_a_grammar_answer_that_breaks_the_regex_fails(tmp_path: Path, fake_pytho
     grammar = next(r for r in suite.results if r.case == "8. request: grammar (regex)")
     assert not grammar.ok and "breaks its rule" in grammar.detail
     assert all(r.ok for r in suite.results if r.case.startswith("8. request:") and r is not grammar)
+
+
+def test_round_profile_steps_trace_decode_rounds_and_say_where_the_gpu_time_goes(
+        tmp_path: Path, fake_python: str, on_a_gpu_machine: None) -> None:
+    assert [s.name for s in select_steps("full", ["round-profile"])] == [
+        "profile-dflash-8b", "profile-ddtree-8b-b15", "profile-ddtree-8b-b64"]
+    assert acceptance_main(["--out", str(tmp_path), "--python", fake_python, "--only", "round-profile",
+                            "--health-timeout", "30"]) == 0
+    state, results, markdown = read_outputs(tmp_path)
+    profiles = state["round_profiles"]
+    assert list(profiles) == ["profile-dflash-8b", "profile-ddtree-8b-b15", "profile-ddtree-8b-b64"]
+    assert results["round_profile"] == profiles
+    for name, profile in profiles.items():
+        assert profile["rounds"] == PROFILE_ROUNDS and (tmp_path / profile["trace"]).is_file()
+        assert profile["gpu_busy_ms_per_round"] == pytest.approx(0.85)
+        assert profile["gpu_idle_share"] == pytest.approx(1 - 0.85 * PROFILE_ROUNDS / (PROFILE_ROUNDS - 0.05),
+                                                          abs=1e-3)
+        assert profile["gpu_ms_per_round_in_cuda_graphs"] == pytest.approx(0.7)
+        stages = profile["gpu_ms_per_round_by_stage"]
+        if "dflash" in name:
+            assert stages == {"other": pytest.approx(0.85)}, "a stock worker opens no stage ranges"
+        else:
+            assert stages == {"draft": 0.3, "topk": 0.1, "verify": 0.4, "commit": 0.05}
+    argv = {entry["name"]: entry["command"] for entry in state["servers"]}["profile-ddtree-8b-b64"]
+    assert argv[argv.index("--load-format") + 1] == "dummy" and "--disable-overlap-schedule" not in argv
+    assert "## Where a round's time goes" in markdown and "| profile-ddtree-8b-b64 |" in markdown
+
+
+def test_a_profile_without_a_trace_is_a_failed_case_line(tmp_path: Path, fake_python: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SGLANG_NO_TRACE", "1")
+    monkeypatch.setattr(round_trace, "TRACE_TIMEOUT_SECONDS", 2.0)
+    suite = make_suite(tmp_path, fake_python)
+    spec = round_cost_specs(tmp_path / "models")[1]
+    write_round_cost_pair(tmp_path / "models")
+    suite.run_round_profile(spec)
+    failed = [r for r in suite.results if not r.ok]
+    assert [r.case for r in failed] == ["round profile: trace of decode rounds"]
+    assert "no trace under" in failed[0].detail and spec.name not in suite.round_profiles

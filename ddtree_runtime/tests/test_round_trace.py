@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ def test_stage_ranges_reach_a_profiler_trace_in_round_order(tmp_path: Path) -> N
     profiler.export_chrome_trace(str(trace))
     ranges = sorted((e for e in load_trace(trace) if e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     assert [e["name"] for e in ranges] == [f"ddtree.{stage}" for stage in ROUND_STAGES]
-    for earlier, later in zip(ranges, ranges[1:], strict=False):
+    for earlier, later in itertools.pairwise(ranges):
         assert earlier["ts"] + earlier["dur"] <= later["ts"], "one stage closes before the next opens"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
@@ -140,6 +140,26 @@ def _round_cost_step(shape: RoundCostShape, index: int, name: str) -> Step:
     return Step(name, run, groups=("round-cost", f"round-cost-{shape.name}"))
 
 
+PROFILED = ("dflash-8b", "ddtree-8b-b15", "ddtree-8b-b64")
+"""Round-cost servers also profiled (SGLang's ``/start_profile``): DFLASH and DDTREE side by side at 8B, batch 1."""
+
+
+def _round_profile_step(index: int, name: str) -> Step:
+    def run(suite: Suite) -> None:
+        models = suite.out_dir / "models"
+        write_shape_pair(SHAPE_8B, models)
+        spec = round_cost_shape_specs(SHAPE_8B, models)[index]
+        suite.run_round_profile(replace(spec, name=f"profile-{spec.name}"), SHAPE_8B)
+
+    return Step(f"profile-{name}", run, groups=("round-profile",))
+
+
+def round_profile_steps() -> list[Step]:
+    """One step per profiled server (:data:`PROFILED`), in the group ``round-profile``."""
+    specs = round_cost_shape_specs(SHAPE_8B, Path("models"))
+    return [_round_profile_step(index, spec.name) for index, spec in enumerate(specs) if spec.name in PROFILED]
+
+
 def round_cost_steps() -> list[Step]:
     """One step per round-cost server (its models written under the suite's ``--out``), in the groups
     ``round-cost`` and ``round-cost-<shape>``."""
@@ -201,6 +221,7 @@ def full_plan() -> list[Step]:
     steps.append(Step("hybrid-trained", _trained_hybrid))
     steps.append(Step("refusals", _refusals))
     steps += round_cost_steps()
+    steps += round_profile_steps()
     return steps
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddtree_runtime.acceptance import round_cost
+from ddtree_runtime.acceptance import round_cost, round_trace
 from ddtree_runtime.acceptance.launch import COMMON_FLAGS, MULTICAST_OFF, STRICT_MEMORY_CHECK, TREE_DIGEST
 from ddtree_runtime.acceptance.round_cost import round_cost_rows
 from ddtree_runtime.acceptance.suite import CaseResult
@@ -72,6 +72,28 @@ def round_cost_markdown(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def round_profile_markdown(profiles: dict[str, dict[str, Any]]) -> list[str]:
+    if not profiles:
+        return []
+    stages = ["draft", "topk", "tree", "verify", "accept", "commit", "other"]
+    lines = ["", "## Where a round's time goes (figures, not pass/fail)", "",
+             f"A torch-profiler trace (SGLang's `/start_profile`, CPU and GPU) of {round_trace.PROFILE_ROUNDS} decode "
+             "rounds of one greedy request on the round-cost servers; GPU ms per round by the stage that launched "
+             "the work (the DDTree worker's `ddtree.<stage>` ranges; `other`: the scheduler, or a stock worker "
+             "without ranges), in CUDA graphs, and idle (the window between the first and the last GPU event "
+             "less the union of GPU events).", "",
+             "| server | window ms | busy ms | idle ms | idle share | in graphs ms | "
+             + " | ".join(stages) + " |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(stages)]
+    for name, p in profiles.items():
+        by_stage = p.get("gpu_ms_per_round_by_stage", {})
+        lines.append(f"| {name} | {_figure(p.get('window_ms_per_round'))} | {_figure(p.get('gpu_busy_ms_per_round'))} "
+                     f"| {_figure(p.get('gpu_idle_ms_per_round'))} | {_figure(p.get('gpu_idle_share'))} | "
+                     f"{_figure(p.get('gpu_ms_per_round_in_cuda_graphs'))} | "
+                     + " | ".join(_figure(by_stage.get(stage)) for stage in stages) + " |")
+    return lines
+
+
 def render_markdown(payload: dict[str, Any]) -> str:
     env = payload["environment"]
     lines = ["# DDTree GPU acceptance: stock SGLang with the ddtree_runtime plugin", ""]
@@ -99,6 +121,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
                      f"{_cell(r['detail'])} |")
     lines += throughput_markdown(payload["throughput"]["table"], payload["throughput"]["max_new_tokens"])
     lines += round_cost_markdown(payload["round_cost"]["table"])
+    lines += round_profile_markdown(payload.get("round_profile", {}))
     lines += ["", "## Servers", "", "| server | ready (s) | exit | command |", "|---|---|---|---|"]
     for s in payload["servers"]:
         lines.append(f"| {s['name']} | {s.get('ready_seconds', '-')} | {s.get('exit_code')} | "
@@ -121,6 +144,7 @@ def write_report(out_dir: Path, environment: dict[str, Any], results: list[CaseR
         "results": [r.as_dict() for r in results],
         "throughput": {"max_new_tokens": max_new_tokens, "servers": throughput, "table": throughput_rows(throughput)},
         "round_cost": {"servers": costs, "table": round_cost_rows(costs)},
+        "round_profile": figures.get("round_profile", {}),
         "servers": servers,
     }
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n")

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddtree_runtime.acceptance.launch import Server, ServerError, generate
 from ddtree_runtime.sglang.round_stages import RANGE_PREFIX
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -124,3 +127,57 @@ def summarize(events: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any
         "gpu_events": len(gpu),
         "stage_ranges": len(ranges),
     }
+
+
+PROFILE_ROUNDS = 40
+"""Decode rounds each profile covers (SGLang's ``num_steps``: the profiler stops itself after them)."""
+PROFILE_NEW_TOKENS = 400
+"""The profiled request's length: with random weights a round commits one token, so 40 rounds end well inside it."""
+PROFILE_SETTLE_SECONDS = 1.0
+"""Wait between sending the request and starting the profiler, so its prefill is over and every step is a round."""
+TRACE_TIMEOUT_SECONDS = 180.0
+
+
+def newest_trace(directory: Path) -> Path | None:
+    """The newest rank-0 (or only) trace SGLang wrote under ``directory``."""
+    traces = sorted(directory.glob("**/*.trace.json*"), key=lambda p: p.stat().st_mtime)
+    ranked = [p for p in traces if "TP-0" in p.name] or traces
+    return ranked[-1] if ranked else None
+
+
+def profile_decode_rounds(server: Server, directory: Path, prompt: Sequence[int]) -> dict[str, Any]:
+    """Profile :data:`PROFILE_ROUNDS` decode rounds of one greedy request (batch 1) on ``server`` with SGLang's
+    ``/start_profile`` (CPU and GPU activity) and :func:`summarize` its trace; the trace stays in ``directory``.
+
+    Raises :class:`ServerError` when the profiler does not start or no trace appears in time.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    sampling = {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": PROFILE_NEW_TOKENS}
+    outcome: dict[str, Any] = {}
+
+    def decode() -> None:
+        try:
+            outcome["answers"] = generate(server, [list(prompt)], sampling)
+        except Exception as error:  # reported below, in the calling thread
+            outcome["error"] = error
+
+    request = threading.Thread(target=decode, daemon=True)
+    request.start()
+    time.sleep(PROFILE_SETTLE_SECONDS)
+    answer = server.call("/start_profile", {"output_dir": str(directory), "num_steps": PROFILE_ROUNDS,
+                                            "activities": ["CPU", "GPU"], "profile_id": server.spec.name})
+    request.join()
+    if answer.status != 200:
+        raise ServerError(f"{server.spec.name}: /start_profile answered {answer.status}: {str(answer.body)[:300]}")
+    if "error" in outcome:
+        raise ServerError(f"{server.spec.name}: the profiled request failed: {outcome['error']}")
+    deadline = time.monotonic() + TRACE_TIMEOUT_SECONDS
+    trace = newest_trace(directory)
+    while trace is None and time.monotonic() < deadline:
+        time.sleep(2.0)
+        trace = newest_trace(directory)
+    if trace is None:
+        raise ServerError(f"{server.spec.name}: no trace under {directory} {TRACE_TIMEOUT_SECONDS:g} s after the "
+                          "profiled request")
+    time.sleep(2.0)  # the exporter may still be writing the file it just created
+    return {**summarize(load_trace(trace), PROFILE_ROUNDS), "trace": str(trace)}

@@ -19,7 +19,15 @@ from typing import Any, TypeVar
 
 from ddtree_runtime.acceptance.launch import DEFAULT_DTYPE, Server, ServerError, ServerSpec, generate, start_server
 from ddtree_runtime.acceptance.prompts import STOP_TOKEN_IDS, LoadRequest, Prompt, load_mix
-from ddtree_runtime.acceptance.round_cost import SHAPE_8B, SYNC_FLAGS, RoundCostShape, measure_round_cost
+from ddtree_runtime.acceptance.round_cost import (
+    SHAPE_8B,
+    SYNC_FLAGS,
+    RoundCostShape,
+    measure_batch,
+    measure_round_cost,
+    round_cost_prompt,
+)
+from ddtree_runtime.acceptance.round_trace import profile_decode_rounds
 from ddtree_runtime.acceptance.stats import (
     Agreement,
     agreement,
@@ -230,6 +238,8 @@ class Suite:
         """Server name -> greedy tokens/s at batch 1 and 16 on the trained pair (:mod:`.throughput`)."""
         self.round_costs: dict[str, dict[str, Any]] = {}
         """Server name -> ms per decode round at real size, random weights (:mod:`.round_cost`)."""
+        self.round_profiles: dict[str, dict[str, Any]] = {}
+        """Server name -> where a round's GPU time goes, from a profiler trace (:mod:`.round_trace`)."""
         self.steps_done: list[str] = []
         """Plan steps finished (by name); ``--resume`` skips them."""
 
@@ -263,6 +273,7 @@ class Suite:
             "accept_lengths": self.accept_lengths,
             "throughput": self.throughput,
             "round_costs": self.round_costs,
+            "round_profiles": self.round_profiles,
             "steps_done": self.steps_done,
         }
 
@@ -302,6 +313,7 @@ class Suite:
         # A state written before these figures were measured has neither: its servers were not measured.
         self.throughput = state.get("throughput", {})
         self.round_costs = state.get("round_costs", {})
+        self.round_profiles = state.get("round_profiles", {})
         self.steps_done = state["steps_done"]
 
     def forget(self, server: str) -> None:
@@ -315,6 +327,7 @@ class Suite:
         self.accept_lengths.pop(server, None)
         self.throughput.pop(server, None)
         self.round_costs.pop(server, None)
+        self.round_profiles.pop(server, None)
 
     def record(self, case: str, server: str, ok: bool, detail: str = "", **figures: Any) -> None:
         self.results.append(CaseResult(case, server, ok, figures, detail))
@@ -471,9 +484,30 @@ class Suite:
 
         self.with_server(spec, body)
 
+    def run_round_profile(self, spec: ServerSpec, shape: RoundCostShape = SHAPE_8B) -> None:
+        """A random-weight real-size server profiled over decode rounds at batch 1 (:mod:`.round_trace`): GPU time per
+        stage and idle time per round; the trace is kept under ``traces/<server>``."""
+
+        def body(server: Server) -> None:
+            self.check_identity(server, spec.algorithm, "round profile: start + /server_info")
+            prompt = round_cost_prompt(0, shape.vocab_size)
+            warm_up = partial(measure_batch, server, [prompt])  # compiles what the round launches, then measures
+            if self.measure("round profile: warm-up", server, warm_up) is None:
+                return
+            profiled = self.measure("round profile: trace of decode rounds", server,
+                                    partial(profile_decode_rounds, server, self.out_dir / "traces" / spec.name,
+                                            prompt))
+            if profiled is not None:
+                trace = str(Path(profiled.pop("trace")).relative_to(self.out_dir))
+                self.round_profiles[spec.name] = {"algorithm": spec.algorithm or "none", "budget": spec.budget,
+                                                  "shape": shape.name, "overlap": SYNC_FLAGS[0] not in spec.extra_flags,
+                                                  **profiled, "trace": trace}
+
+        self.with_server(spec, body)
+
     def figures(self) -> dict[str, dict[str, dict[str, Any]]]:
         """The measured figures by kind, server by server (the report adds the ratios)."""
-        return {"throughput": self.throughput, "round_cost": self.round_costs}
+        return {"throughput": self.throughput, "round_cost": self.round_costs, "round_profile": self.round_profiles}
 
     # ---- the hybrid target (case 7) ------------------------------------------------------------------------
 
