@@ -187,7 +187,8 @@ def test_plan_steps_and_refusals() -> None:
     eight = ["8b-baseline", "dflash-8b", "dflash-8b-sync", "ddtree-8b-b15", "ddtree-8b-b16", "ddtree-8b-b64",
              "ddtree-8b-b256", "ddtree-8b-b64-sync"]
     big = ["27b-baseline", "dflash-27b", "dflash-27b-sync", "ddtree-27b-b15", "ddtree-27b-b64", "ddtree-27b-b64-sync"]
-    assert names[-len(eight + big):] == eight + big, "the round cost comes last, shape by shape"
+    profiles = ["profile-dflash-8b", "profile-ddtree-8b-b15", "profile-ddtree-8b-b64"]
+    assert names[-len(eight + big + profiles):] == eight + big + profiles, "round cost, then profiles, come last"
     assert [s.name for s in select_steps("full", ["round-cost"])] == eight + big
     assert [s.name for s in select_steps("full", ["round-cost-27b"])] == big
     assert [s.name for s in select_steps("full", ["ddtree-8b-b64", "dflash-8b"])] == ["dflash-8b", "ddtree-8b-b64"]
