@@ -69,6 +69,7 @@ from ddtree_runtime.acceptance.stats import (
     top2_margins,
 )
 from ddtree_runtime.acceptance.suite import (
+    DETERMINISTIC_CASE,
     MARGIN_CASE,
     SAMPLING_PROMPT,
     STRESS_REQUESTS,
@@ -905,3 +906,25 @@ def test_a_profile_without_a_trace_is_a_failed_case_line(tmp_path: Path, fake_py
     failed = [r for r in suite.results if not r.ok]
     assert [r.case for r in failed] == ["round profile: trace of decode rounds"]
     assert "no trace under" in failed[0].detail and spec.name not in suite.round_profiles
+
+
+def test_deterministic_inference_holds_ddtree_to_the_baseline_token_for_token(
+        tmp_path: Path, fake_python: str, on_a_gpu_machine: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert [s.name for s in select_steps("full", ["deterministic"])] == [
+        "deterministic-baseline", "deterministic-dflash", "deterministic-ddtree-b64"]
+    common = ["--python", fake_python, "--only", "deterministic", "--health-timeout", "30"]
+    assert acceptance_main(["--out", str(tmp_path / "equal"), *common]) == 0
+    state, results, _markdown = read_outputs(tmp_path / "equal")
+    for entry in state["servers"]:
+        assert "--enable-deterministic-inference" in entry["command"], entry["name"]
+    verdicts = {r["server"]: r for r in results["results"] if r["case"] == DETERMINISTIC_CASE}
+    assert set(verdicts) == {"deterministic-dflash", "deterministic-ddtree-b64"}
+    assert all(v["ok"] and "token for token" in v["detail"] for v in verdicts.values())
+
+    monkeypatch.setenv("FAKE_SGLANG_DIVERGE", "DDTREE")
+    assert acceptance_main(["--out", str(tmp_path / "diverging"), *common]) == 1
+    _state, results, _markdown = read_outputs(tmp_path / "diverging")
+    verdicts = {r["server"]: r for r in results["results"] if r["case"] == DETERMINISTIC_CASE}
+    assert verdicts["deterministic-dflash"]["ok"]
+    assert not verdicts["deterministic-ddtree-b64"]["ok"]
+    assert "DFLASH on 0/" in verdicts["deterministic-ddtree-b64"]["detail"]

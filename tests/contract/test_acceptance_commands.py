@@ -26,11 +26,12 @@ def test_every_serving_command_parses_and_every_refusal_fails_with_the_plugins_m
     serving = {name: o for name, o in outcome.items() if o["expected"] is None}
     refusals = {name: o for name, o in outcome.items() if o["expected"] is not None}
     assert {"baseline", "ddtree-b16", "ddtree-b64", "dflash", "ddtree-b64-nographs", "hybrid-baseline",
-            "ddtree-hybrid-b16", "dflash-hybrid", *ROUND_COST_SERVERS} <= set(serving)
+            "ddtree-hybrid-b16", "dflash-hybrid", "deterministic-baseline", "deterministic-dflash",
+            "deterministic-ddtree-b64", *ROUND_COST_SERVERS} <= set(serving)
     assert len(refusals) == 4
     for name, o in serving.items():
         assert o["ok"], f"{name}: {o.get('error')}"
-        expected = None if "baseline" in name else "DFLASH" if name.startswith("dflash") else "DDTREE"
+        expected = None if "baseline" in name else "DFLASH" if "dflash" in name else "DDTREE"
         assert o["algorithm"] == expected, name
     for name, o in refusals.items():
         assert not o["ok"], f"{name} was accepted"

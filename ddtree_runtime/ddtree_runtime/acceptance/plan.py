@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from ddtree_runtime.acceptance.hybrid import write_hybrid_pair
@@ -167,6 +168,21 @@ def round_cost_steps() -> list[Step]:
             for index, spec in enumerate(round_cost_shape_specs(shape, Path("models")))]
 
 
+DETERMINISTIC_FLAGS = ("--enable-deterministic-inference",)
+
+
+def deterministic_specs() -> list[ServerSpec]:
+    """Case 9: the baseline, DFLASH and DDTREE (budget 64) with SGLang's deterministic inference."""
+    return [replace(baseline_spec(), name="deterministic-baseline", extra_flags=DETERMINISTIC_FLAGS),
+            replace(dflash_spec(), name="deterministic-dflash", extra_flags=DETERMINISTIC_FLAGS),
+            ddtree_spec(64, name="deterministic-ddtree-b64", extra_flags=DETERMINISTIC_FLAGS)]
+
+
+def deterministic_steps() -> list[Step]:
+    return [Step(spec.name, partial(Suite.run_deterministic, spec=spec), groups=("deterministic",))
+            for spec in deterministic_specs()]
+
+
 def refusal_specs() -> list[tuple[ServerSpec, str]]:
     """Starts the plugin must refuse, each with the text its message must carry."""
     return [
@@ -205,7 +221,8 @@ def speculative_specs(cuda_graphs: bool) -> list[ServerSpec]:
 def serving_specs(models: Path | None = None) -> list[ServerSpec]:
     """Every server of the full plan that must start and serve (the refusals are :func:`refusal_specs`); the
     hybrid and round-cost ones when given the directory their models are written to."""
-    specs = [baseline_spec(), *speculative_specs(True), *speculative_specs(False), *trained_hybrid_specs()]
+    specs = [baseline_spec(), *speculative_specs(True), *speculative_specs(False), *trained_hybrid_specs(),
+             *deterministic_specs()]
     return specs + ([*hybrid_specs(models), *round_cost_specs(models)] if models is not None else [])
 
 
@@ -220,6 +237,7 @@ def full_plan() -> list[Step]:
     steps.append(Step("hybrid", _hybrid))
     steps.append(Step("hybrid-trained", _trained_hybrid))
     steps.append(Step("refusals", _refusals))
+    steps += deterministic_steps()
     steps += round_cost_steps()
     steps += round_profile_steps()
     return steps

@@ -99,6 +99,8 @@ def hybrid_margin_case(label: str) -> str:
 
 HYBRID_MARGIN_CASE = hybrid_margin_case("hybrid")
 RATE_ALPHA = 0.05
+DETERMINISTIC_CASE = "9. deterministic inference: greedy == baseline"
+DETERMINISTIC_START = "9. deterministic inference: start + /server_info"
 """DDTREE is held to DFLASH's divergence rate by a one-sided Fisher exact test at this level."""
 Measured = TypeVar("Measured")
 MEASUREMENT_ERRORS = (ServerError, OSError)
@@ -240,6 +242,8 @@ class Suite:
         """Server name -> ms per decode round at real size, random weights (:mod:`.round_cost`)."""
         self.round_profiles: dict[str, dict[str, Any]] = {}
         """Server name -> where a round's GPU time goes, from a profiler trace (:mod:`.round_trace`)."""
+        self.deterministic: dict[str, dict[str, Any]] = {}
+        """Server name -> algorithm and greedy outputs with ``--enable-deterministic-inference`` (case 9)."""
         self.steps_done: list[str] = []
         """Plan steps finished (by name); ``--resume`` skips them."""
 
@@ -274,6 +278,7 @@ class Suite:
             "throughput": self.throughput,
             "round_costs": self.round_costs,
             "round_profiles": self.round_profiles,
+            "deterministic": self.deterministic,
             "steps_done": self.steps_done,
         }
 
@@ -314,6 +319,7 @@ class Suite:
         self.throughput = state.get("throughput", {})
         self.round_costs = state.get("round_costs", {})
         self.round_profiles = state.get("round_profiles", {})
+        self.deterministic = state.get("deterministic", {})
         self.steps_done = state["steps_done"]
 
     def forget(self, server: str) -> None:
@@ -328,6 +334,7 @@ class Suite:
         self.throughput.pop(server, None)
         self.round_costs.pop(server, None)
         self.round_profiles.pop(server, None)
+        self.deterministic.pop(server, None)
 
     def record(self, case: str, server: str, ok: bool, detail: str = "", **figures: Any) -> None:
         self.results.append(CaseResult(case, server, ok, figures, detail))
@@ -504,6 +511,46 @@ class Suite:
                                                   **profiled, "trace": trace}
 
         self.with_server(spec, body)
+
+    def run_deterministic(self, spec: ServerSpec) -> None:
+        """Case 9: greedy outputs with SGLang's ``--enable-deterministic-inference`` (the same prompts, one batch),
+        settled against that flag's baseline in :meth:`deterministic_verdicts`."""
+
+        def body(server: Server) -> None:
+            self.check_identity(server, spec.algorithm, DETERMINISTIC_START)
+            run = greedy_run(server, self.prompts, self.max_new_tokens)
+            self.deterministic[spec.name] = {"algorithm": spec.algorithm or "none", "budget": spec.budget,
+                                             "outputs": run.outputs, "accept_length": run.accept_length}
+
+        self.with_server(spec, body)
+
+    def deterministic_verdicts(self) -> list[CaseResult]:
+        """With deterministic inference, DDTREE must equal the baseline token for token on every prompt; where
+        SGLang's own DFLASH does not either, DDTREE passes when it diverges on no more prompts than DFLASH (the
+        flag then does not make speculative decoding exact in this SGLang, and DDTREE is held to DFLASH's bar)."""
+        runs = self.deterministic
+        baseline = next((r for r in runs.values() if r["algorithm"] == "none"), None)
+        if baseline is None:
+            return []
+        found = {name: agreement(self.names, r["outputs"], baseline["outputs"])
+                 for name, r in runs.items() if r["algorithm"] != "none"}
+        dflash = next((found[n] for n, r in runs.items() if r["algorithm"] == "DFLASH"), None)
+        verdicts = []
+        for name, result in found.items():
+            figures = {**result.as_dict(), "accept_length": runs[name]["accept_length"]}
+            if result.equal == result.prompts:
+                ok, detail = True, "token for token equal to the deterministic baseline on every prompt"
+            elif runs[name]["algorithm"] == "DFLASH":
+                ok, detail = True, (f"SGLang's own DFLASH diverges on {result.divergent}/{result.prompts}: the bar "
+                                    "for DDTREE")
+            elif dflash is None:
+                ok, detail = False, f"diverges on {result.divergent}/{result.prompts} and no DFLASH ran to compare"
+            else:
+                ok = result.divergent <= dflash.divergent
+                detail = (f"diverges on {result.divergent}/{result.prompts}, DFLASH on {dflash.divergent}/"
+                          f"{dflash.prompts}" + ("" if ok else ": more often than SGLang's own DFLASH"))
+            verdicts.append(CaseResult(DETERMINISTIC_CASE, name, ok, figures, detail))
+        return verdicts
 
     def figures(self) -> dict[str, dict[str, dict[str, Any]]]:
         """The measured figures by kind, server by server (the report adds the ratios)."""
@@ -686,7 +733,7 @@ class Suite:
 
     def verdicts(self) -> list[CaseResult]:
         """Case lines settled across servers: greedy equality against DFLASH's bar, accept length vs DFLASH."""
-        return self.equality_verdicts() + self.acceptance_verdicts()
+        return self.equality_verdicts() + self.acceptance_verdicts() + self.deterministic_verdicts()
 
     def all_results(self) -> list[CaseResult]:
         return self.results + self.verdicts()
