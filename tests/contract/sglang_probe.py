@@ -396,7 +396,7 @@ def cmd_commit_features(_unused: list[str]) -> dict[str, Any]:
     import torch
 
     _loaded()
-    from ddtree_runtime.sglang.tree_inputs import accepted_paths
+    from ddtree_runtime.sglang.tree_inputs import accepted_first_order, accepted_paths
     from ddtree_runtime.sglang.worker import DDTreeWorker
 
     worker = object.__new__(DDTreeWorker)  # only block_size and the writer are read
@@ -409,7 +409,8 @@ def cmd_commit_features(_unused: list[str]) -> dict[str, Any]:
     paths = accepted_paths(accept_index, torch.tensor([2, 0]), width)
     write_ids = torch.arange(100, 100 + 2 * width).view(2, width)
     hidden = torch.arange(2 * width, dtype=torch.float32)[:, None].expand(-1, 3).contiguous()
-    worker._append_committed_features(hidden, paths, write_ids, torch.tensor([10, 20]))
+    order = accepted_first_order(paths, width)  # as the round computes it once for the target's and drafter's KV
+    worker._append_committed_features(hidden, paths, order, write_ids, torch.tensor([10, 20]))
     return {"hidden_rows": recorded["target_hidden"][:, 0].to(torch.long).tolist(),
             "cache_loc_2d": recorded["cache_loc_2d"].tolist(), "positions": recorded["positions"].tolist(),
             "commit_lens": recorded["commit_lens"].tolist()}
