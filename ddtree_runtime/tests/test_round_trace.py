@@ -78,8 +78,8 @@ def two_rounds() -> list[dict[str, Any]]:
 
 def test_summary_attributes_gpu_time_to_the_stage_that_launched_it() -> None:
     summary = summarize(two_rounds(), rounds=2)
-    assert summary["gpu_ms_per_round_by_stage"] == {"draft": 0.3, "topk": 0.1, "verify": 0.4, "commit": 0.05,
-                                                     "other": 0.02}
+    expected = {"draft": 0.3, "topk": 0.1, "verify": 0.4, "commit": 0.05, "other": 0.02}
+    assert summary["gpu_ms_per_round_by_stage"] == expected
     assert summary["gpu_ms_per_round_in_cuda_graphs"] == 0.7
     assert summary["gpu_ms_per_round_outside_graphs"] == pytest.approx(0.17)
     # window 10 .. 2000 us; busy 2 x 850 + 40 (the scheduler's kernel) = 1740 us
