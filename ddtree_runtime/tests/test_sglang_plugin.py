@@ -9,6 +9,7 @@ import pytest
 import torch
 from ddtree_runtime.sglang import compat, register, registration_error
 from ddtree_runtime.sglang.config import MAX_BUDGET, DDTreeConfigError, resolve_settings
+from ddtree_runtime.sglang.server_args_rules import refuse_mamba_tracking
 from ddtree_runtime.sglang.tree_inputs import (
     accepted_first_order,
     accepted_paths,
@@ -71,6 +72,24 @@ def test_decode_reservation_covers_the_lagging_commit_and_the_verify_window(
     window = max(settings.verify_width, settings.draft_tokens)
     assert settings.decode_reservation(2 * draft) >= settings.max_committed_per_round + window
     assert settings.decode_reservation(4096) == 4096  # never less than SGLang asked for
+
+
+@pytest.mark.parametrize(("strategy", "interval", "budget", "refused"), [
+    ("extra_buffer", 256, 64, False), ("extra_buffer", 256, 255, False), ("extra_buffer", 256, 256, True),
+    ("extra_buffer_lazy", 256, 1024, True), ("extra_buffer", 2048, 1024, False), ("no_buffer", 256, 1024, False),
+    ("auto", 256, 1024, False), (None, None, 1024, False),
+])
+def test_a_verify_window_may_span_at_most_one_mamba_track_interval(
+        strategy: str | None, interval: int | None, budget: int, refused: bool) -> None:
+    """The same rule at validation and, on the resolved arguments, at worker start (``auto`` resolves to
+    extra_buffer under overlap scheduling after validation)."""
+    args = type("Args", (), {"mamba_radix_cache_strategy": strategy, "mamba_track_interval": interval})()
+    settings = resolve_settings(16, {"DDTREE_BUDGET": str(budget)})
+    if refused:
+        with pytest.raises(ValueError, match=f"mamba_track_interval {interval} is below the verify width {budget + 1}"):
+            refuse_mamba_tracking(args, settings)
+    else:
+        refuse_mamba_tracking(args, settings)
 
 
 @pytest.mark.parametrize(("budget", "sglang_headroom", "headroom"), [(15, 20, 36), (64, 69, 85), (64, 200, 200)])

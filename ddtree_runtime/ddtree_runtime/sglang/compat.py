@@ -50,6 +50,7 @@ REQUIRED_ATTRIBUTES = (
     "sglang.srt.speculative.draft_worker_common.make_draft_input_v2",
     "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func",
     "sglang.srt.runtime_context.get_spec",
+    "sglang.srt.arg_groups.overrides.resolving_view",
     *(f"{WORKER_BASE}.{name}" for name in (
         "__init__",
         "forward_batch_generation",

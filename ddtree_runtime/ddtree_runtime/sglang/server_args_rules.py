@@ -63,6 +63,14 @@ def validate_server_args(server_args: Any) -> None:
             _refuse(f"--{flag.replace('_', '-')} is chain-only; DDTree verifies by sample-and-match on the tree")
     _refuse_unsupported_backends(server_args)
     _refuse_unsupported_parallelism(server_args)
+    refuse_mamba_tracking(server_args, settings)
+
+
+def refuse_mamba_tracking(server_args: Any, settings: DDTreeSettings) -> None:
+    """A hybrid target's extra-buffer mamba cache checkpoints its state every ``mamba_track_interval`` tokens; one
+    verify window must not span more than one such interval. Checked on the arguments as given (here) and again at
+    worker start on the resolved ones: SGLang resolves ``--mamba-radix-cache-strategy auto`` to ``extra_buffer`` when
+    overlap scheduling is on, after this validator has run."""
     interval = getattr(server_args, "mamba_track_interval", None)
     strategy = getattr(server_args, "mamba_radix_cache_strategy", None)
     buffered = strategy in ("extra_buffer", "extra_buffer_lazy")

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.lora.layers import unwrap_lora_layer
@@ -45,6 +46,7 @@ from ddtree_runtime import ops
 from ddtree_runtime.ops import VerifyInputs
 from ddtree_runtime.sglang.config import ENV_DEBUG_TREE_DIGEST, resolve_settings
 from ddtree_runtime.sglang.round_stages import RoundStages
+from ddtree_runtime.sglang.server_args_rules import refuse_mamba_tracking
 from ddtree_runtime.sglang.tree_inputs import (
     AcceptedPaths,
     accepted_first_order,
@@ -106,6 +108,8 @@ class DDTreeWorker(DFlashWorkerV2):
         super().__init__(*args, **kwargs)
         self.ddtree = resolve_settings(int(self.block_size))
         self._refuse_unsupported_drafting()
+        # On the resolved arguments: `--mamba-radix-cache-strategy auto` became extra_buffer after validation.
+        refuse_mamba_tracking(resolving_view(self.server_args), self.ddtree)
         self._compiled = uses_compiled_kernels()
         self._check_digests = os.environ.get(ENV_DEBUG_TREE_DIGEST, "") == "1"
         self._round = 0
