@@ -99,9 +99,9 @@ def hybrid_margin_case(label: str) -> str:
 
 HYBRID_MARGIN_CASE = hybrid_margin_case("hybrid")
 RATE_ALPHA = 0.05
+"""DDTREE is held to DFLASH's divergence rate by a one-sided Fisher exact test at this level."""
 DETERMINISTIC_CASE = "9. deterministic inference: greedy == baseline"
 DETERMINISTIC_START = "9. deterministic inference: start + /server_info"
-"""DDTREE is held to DFLASH's divergence rate by a one-sided Fisher exact test at this level."""
 Measured = TypeVar("Measured")
 MEASUREMENT_ERRORS = (ServerError, OSError)
 """What a figure's measurement may raise (an HTTP error answer, a dead server, a refused or timed-out connection):
