@@ -36,13 +36,19 @@ HYBRID_LAYERS = 8
 
 FULL_ATTENTION_INTERVAL = 4
 
+
+def qwen36_layer_types(layers: int) -> list[str]:
+    """Qwen3.5/3.6's layout: three Gated DeltaNet (``linear_attention``) layers to one ``full_attention`` layer."""
+    return (["linear_attention"] * (FULL_ATTENTION_INTERVAL - 1) + ["full_attention"]) * (
+        layers // FULL_ATTENTION_INTERVAL)
+
+
 HYBRID_TEXT_CONFIG: dict[str, Any] = {
     "vocab_size": VOCAB_SIZE,
     "hidden_size": 256,
     "intermediate_size": 512,
     "num_hidden_layers": HYBRID_LAYERS,
-    "layer_types": (["linear_attention"] * (FULL_ATTENTION_INTERVAL - 1) + ["full_attention"])
-    * (HYBRID_LAYERS // FULL_ATTENTION_INTERVAL),
+    "layer_types": qwen36_layer_types(HYBRID_LAYERS),
     "full_attention_interval": FULL_ATTENTION_INTERVAL,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,

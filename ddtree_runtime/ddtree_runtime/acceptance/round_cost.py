@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddtree_runtime.acceptance.hybrid import FULL_ATTENTION_INTERVAL, qwen36_layer_types
 from ddtree_runtime.acceptance.launch import Server, ServerError
 from ddtree_runtime.acceptance.measure import TimedCall, ratio, timed_call
 from ddtree_runtime.reference.dflash import FULL, SLIDING, DFlashConfig
@@ -76,7 +77,6 @@ ROUND_COST_DRAFTER = DFlashConfig(
 ``fc``), block 16, reading target layers 1, 9, 17, 25 and 33, ``<|MASK|>`` 151669."""
 
 QWEN36_LAYERS = 64
-QWEN36_FULL_ATTENTION_INTERVAL = 4
 QWEN36_VOCAB = 248_320
 
 QWEN36_27B_TEXT_CONFIG: dict[str, Any] = {
@@ -84,9 +84,8 @@ QWEN36_27B_TEXT_CONFIG: dict[str, Any] = {
     "hidden_size": 5120,
     "intermediate_size": 17_408,
     "num_hidden_layers": QWEN36_LAYERS,
-    "layer_types": (["linear_attention"] * (QWEN36_FULL_ATTENTION_INTERVAL - 1) + ["full_attention"])
-    * (QWEN36_LAYERS // QWEN36_FULL_ATTENTION_INTERVAL),
-    "full_attention_interval": QWEN36_FULL_ATTENTION_INTERVAL,
+    "layer_types": qwen36_layer_types(QWEN36_LAYERS),
+    "full_attention_interval": FULL_ATTENTION_INTERVAL,
     "num_attention_heads": 24,
     "num_key_value_heads": 4,
     "head_dim": 256,
