@@ -99,3 +99,18 @@ def test_overlapping_gpu_work_counts_once_and_bad_input_is_refused(tmp_path: Pat
     with gzip.open(packed, "wt") as handle:
         json.dump({"traceEvents": two_rounds()}, handle)
     assert summarize(load_trace(packed), rounds=2) == summarize(two_rounds(), rounds=2)
+
+
+def test_a_trace_is_read_only_once_the_exporter_stopped_writing_it(tmp_path: Path) -> None:
+    import time  # noqa: PLC0415
+
+    from ddtree_runtime.acceptance.launch import ServerError  # noqa: PLC0415
+    from ddtree_runtime.acceptance.round_trace import wait_until_written  # noqa: PLC0415
+
+    written = tmp_path / "done.trace.json"
+    written.write_text("{}")
+    wait_until_written(written, time.monotonic() + 5, settle=0.05)
+    empty = tmp_path / "empty.trace.json"
+    empty.touch()
+    with pytest.raises(ServerError, match="still being written"):
+        wait_until_written(empty, time.monotonic() + 0.3, settle=0.05)

@@ -179,5 +179,17 @@ def profile_decode_rounds(server: Server, directory: Path, prompt: Sequence[int]
     if trace is None:
         raise ServerError(f"{server.spec.name}: no trace under {directory} {TRACE_TIMEOUT_SECONDS:g} s after the "
                           "profiled request")
-    time.sleep(2.0)  # the exporter may still be writing the file it just created
+    wait_until_written(trace, deadline)
     return {**summarize(load_trace(trace), PROFILE_ROUNDS), "trace": str(trace)}
+
+
+def wait_until_written(path: Path, deadline: float, settle: float = 2.0) -> None:
+    """Wait until ``path`` keeps its size for ``settle`` seconds (the exporter writes the file it just created)."""
+    size = -1
+    while time.monotonic() < deadline:
+        current = path.stat().st_size
+        if current == size and current > 0:
+            return
+        size = current
+        time.sleep(settle)
+    raise ServerError(f"{path} was still being written {TRACE_TIMEOUT_SECONDS:g} s after the profiled request")
