@@ -5,12 +5,14 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from ddtree_runtime.acceptance.round_trace import Interval, busy_time, load_trace, summarize
+from ddtree_runtime.acceptance.launch import ServerError
+from ddtree_runtime.acceptance.round_trace import Interval, busy_time, load_trace, summarize, wait_until_written
 from ddtree_runtime.sglang.round_stages import ROUND_STAGES, RoundStages
 
 
@@ -102,11 +104,6 @@ def test_overlapping_gpu_work_counts_once_and_bad_input_is_refused(tmp_path: Pat
 
 
 def test_a_trace_is_read_only_once_the_exporter_stopped_writing_it(tmp_path: Path) -> None:
-    import time  # noqa: PLC0415
-
-    from ddtree_runtime.acceptance.launch import ServerError  # noqa: PLC0415
-    from ddtree_runtime.acceptance.round_trace import wait_until_written  # noqa: PLC0415
-
     written = tmp_path / "done.trace.json"
     written.write_text("{}")
     wait_until_written(written, time.monotonic() + 5, settle=0.05)
