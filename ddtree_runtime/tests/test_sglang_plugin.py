@@ -77,7 +77,8 @@ def test_decode_reservation_covers_the_lagging_commit_and_the_verify_window(
 @pytest.mark.parametrize(("strategy", "interval", "budget", "refused"), [
     ("extra_buffer", 256, 64, False), ("extra_buffer", 256, 255, False), ("extra_buffer", 256, 256, True),
     ("extra_buffer_lazy", 256, 1024, True), ("extra_buffer", 2048, 1024, False), ("no_buffer", 256, 1024, False),
-    ("auto", 256, 1024, False), (None, None, 1024, False),
+    ("auto", 256, 1024, False), (None, None, 1024, False), ("extra_buffer", None, 256, True),
+    ("extra_buffer", 1280, 1024, False),
 ])
 def test_a_verify_window_may_span_at_most_one_mamba_track_interval(
         strategy: str | None, interval: int | None, budget: int, refused: bool) -> None:
@@ -86,7 +87,9 @@ def test_a_verify_window_may_span_at_most_one_mamba_track_interval(
     args = type("Args", (), {"mamba_radix_cache_strategy": strategy, "mamba_track_interval": interval})()
     settings = resolve_settings(16, {"DDTREE_BUDGET": str(budget)})
     if refused:
-        with pytest.raises(ValueError, match=f"mamba_track_interval {interval} is below the verify width {budget + 1}"):
+        track = interval or 256
+        with pytest.raises(ValueError, match=f"mamba_track_interval {track} is below the verify width {budget + 1}"
+                           f".*pass --mamba-track-interval {-(-(budget + 1) // 256) * 256} .*at most {track - 1}"):
             refuse_mamba_tracking(args, settings)
     else:
         refuse_mamba_tracking(args, settings)

@@ -167,7 +167,8 @@ def find_nvidia_smi(module, given: str | None, option: str) -> str:
     found = module.get_bin_path(given or "nvidia-smi", required=False, opt_dirs=SEARCH_DIRS)
     if not found:
         raise SmiError("%s was not found on the PATH or in %s. Install the NVIDIA driver utilities on this host, or "
-                       "set %s." % (given or "nvidia-smi", ", ".join(SEARCH_DIRS), option))
+                       "set %s (in Pivot's inventory: pivot_nvidia_smi_path)." % (given or "nvidia-smi",
+                                                                                  ", ".join(SEARCH_DIRS), option))
     return found
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -45,10 +46,8 @@ def layout_module() -> ModuleType:
     return _load("model_layout.py", "pivot_ddtree_model_layout")
 
 
-def settings_problem(draft_tokens: object, budget: object, topk: object) -> str | None:
-    """Why the plugin would refuse this draft length / budget / top-k, in its own words; None when it serves them."""
+def _settings_refusal(draft_tokens: object, environ: dict[str, str]) -> str | None:
     config = settings_module()
-    environ = {config.ENV_BUDGET: str(budget), config.ENV_TOPK: str(topk)}
     try:
         draft = int(str(draft_tokens))
     except ValueError:
@@ -58,3 +57,42 @@ def settings_problem(draft_tokens: object, budget: object, topk: object) -> str 
     except config.DDTreeConfigError as error:
         return str(error)
     return None
+
+
+def settings_problems(draft_tokens: object, budget: object, topk: object) -> list[str]:
+    """Every reason the plugin would refuse this draft length / budget / top-k, in its own words: each value judged
+    on its own (beside the plugin's defaults for the others), then together; empty when it serves them."""
+    config = settings_module()
+    alone = [_settings_refusal(draft_tokens, {}),
+             _settings_refusal(config.MAX_DRAFT_TOKENS, {config.ENV_BUDGET: str(budget)}),
+             _settings_refusal(config.MAX_DRAFT_TOKENS, {config.ENV_TOPK: str(topk)})]
+    problems = [problem for problem in alone if problem]
+    if problems:
+        return problems
+    together = _settings_refusal(draft_tokens, {config.ENV_BUDGET: str(budget), config.ENV_TOPK: str(topk)})
+    return [together] if together else []
+
+
+def settings_problem(draft_tokens: object, budget: object, topk: object) -> str | None:
+    """Why the plugin would refuse this draft length / budget / top-k, in its own words (every reason, joined); None
+    when it serves them."""
+    problems = settings_problems(draft_tokens, budget, topk)
+    return "; ".join(problems) if problems else None
+
+
+def mamba_tracking_problem(draft_tokens: object, budget: object, topk: object,
+                           server_flags: Mapping[str, object]) -> str | None:
+    """Why the plugin would refuse these settings with a hybrid target's mamba cache flags (SGLang 0.5.23 names,
+    without the leading ``--``), with the fix; None when it serves them or the settings themselves are refused."""
+    config = settings_module()
+    if settings_problem(draft_tokens, budget, topk) is not None:
+        return None
+    settings = config.resolve_settings(int(str(draft_tokens)),
+                                       {config.ENV_BUDGET: str(budget), config.ENV_TOPK: str(topk)})
+    interval = server_flags.get("mamba-track-interval")
+    try:
+        track = None if interval is None else int(str(interval))
+    except ValueError:
+        return f"mamba-track-interval must be an integer, got {interval!r}"
+    strategy = server_flags.get("mamba-radix-cache-strategy")
+    return config.mamba_tracking_problem(settings, None if strategy is None else str(strategy), track)

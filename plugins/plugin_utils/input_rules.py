@@ -65,6 +65,17 @@ def ddtree_settings(s: Mapping[str, Any]) -> Problem:
             f"pivot_ddtree_topk={topk}: {refusal}")
 
 
+def mamba_tracking(s: Mapping[str, Any]) -> Problem:
+    draft, budget, topk = (s.get(k) for k in ("pivot_ddtree_draft_tokens", "pivot_ddtree_budget", "pivot_ddtree_topk"))
+    flags = s.get("pivot_serving_common_args") or {}
+    refusal = ddtree_rules.mamba_tracking_problem(draft, budget, topk, flags if isinstance(flags, Mapping) else {})
+    if refusal is None:
+        return None
+    return (f"The DDTree plugin would refuse pivot_ddtree_budget={budget} with pivot_serving_common_args as they are: "
+            f"{refusal} (in the inventory: mamba-track-interval under pivot_serving_common_args, or "
+            "pivot_ddtree_budget)")
+
+
 def accept_gate(s: Mapping[str, Any]) -> Problem:
     value = s.get("pivot_ddtree_min_accept_length")
     number = _number(value)
@@ -174,7 +185,7 @@ def resume_settings(t: Mapping[str, Any]) -> list[Problem]:
 
 
 SERVING_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (
-    ddtree_settings, single_config_file, accept_gate, quality_gate, port, health_timeout, wheelhouse,
+    ddtree_settings, mamba_tracking, single_config_file, accept_gate, quality_gate, port, health_timeout, wheelhouse,
 )
 TRAINING_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (job_selector, checkpoint_path, log_file)
 RESUME_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (

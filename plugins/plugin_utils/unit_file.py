@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from typing import Any
 
 WHITESPACE = " \t\n\r"
@@ -253,3 +254,84 @@ def unit_command(text: str, shown_exec_start: str | None = None) -> dict[str, An
     if not command.problem and shown_exec_start:
         command.problem = loaded_command_problem(command, shown_exec_start)
     return command.as_dict()
+
+
+def environment_file_variables(text: str) -> dict[str, str]:
+    """``NAME=value`` lines of an environment file as Pivot renders them (environment.j2: no quoting), comments and
+    blank lines skipped."""
+    variables: dict[str, str] = {}
+    for line in text.splitlines():
+        stripped = line.strip(WHITESPACE)
+        if not stripped or stripped[0] in COMMENTS:
+            continue
+        name, sep, value = stripped.partition("=")
+        if sep and name:
+            variables[name.strip(WHITESPACE)] = value
+    return variables
+
+
+def _word_difference(expected: list[str], found: list[str]) -> str:
+    """The words that differ between two command lines, as ``'x' where it should be 'y'`` phrases."""
+    phrases = []
+    for tag, e_from, e_to, f_from, f_to in SequenceMatcher(a=expected, b=found, autojunk=False).get_opcodes():
+        want, got = " ".join(expected[e_from:e_to]), " ".join(found[f_from:f_to])
+        if tag == "replace":
+            phrases.append(f"{got!r} where it should be {want!r}")
+        elif tag == "insert":
+            phrases.append(f"{got!r} added")
+        elif tag == "delete":
+            phrases.append(f"{want!r} missing")
+    return "; ".join(phrases)
+
+
+def _environment_difference(expected: dict[str, str], found: dict[str, str]) -> str:
+    phrases = []
+    for name in sorted(set(expected) | set(found)):
+        if name not in found:
+            phrases.append(f"{name} missing")
+        elif name not in expected:
+            phrases.append(f"{name}={found[name]} added")
+        elif found[name] != expected[name]:
+            phrases.append(f"{name}={found[name]} where it should be {expected[name]}")
+    return "; ".join(phrases)
+
+
+def unit_drift(record: dict[str, Any], status: dict[str, Any], unit_text: str | None = None,
+               environment_text: str | None = None) -> list[str]:
+    """How a release's unit differs from what Pivot rendered or recorded for it (its ``release.json``), one sentence
+    per difference; empty when they agree.
+
+    ``status`` is ``systemctl show`` of the unit (what systemd has loaded): drop-ins, a file systemd has not reloaded
+    (``NeedDaemonReload``) and the loaded ``ExecStart`` are judged from it. With ``unit_text`` (the release's unit file)
+    the file's ``ExecStart=`` and ``Environment=`` are judged too, and with ``environment_text`` (a rendered release's
+    environment file) its variables: the release's SGLang and DDTree settings must be exactly the recorded ones."""
+    source = "recorded" if record.get("source") == "recorded" else "rendered"
+    expected_argv = [str(word) for word in record.get("argv") or []]
+    expected_environment = {str(k): str(v) for k, v in (record.get("environment") or {}).items()}
+    problems: list[str] = []
+    drop_ins = str(status.get("DropInPaths") or "").split()
+    if drop_ins:
+        problems.append(f"drop-ins change the unit ({', '.join(drop_ins)}): they apply to every release Pivot links "
+                        "there, so what would run is not the release's own unit")
+    if str(status.get("NeedDaemonReload") or "no") == "yes":
+        problems.append("systemd has not loaded the unit's file as it is now (NeedDaemonReload=yes)")
+    shown = str(status.get("ExecStart") or "")
+    match = SHOWN_COMMAND.match(shown.strip())
+    if shown and (match is None or match.group("argv") != " ".join(expected_argv)):
+        loaded = match.group("argv").split(" ") if match else [shown.strip()]
+        problems.append(f"systemd has loaded another command line than Pivot {source}: "
+                        f"{_word_difference(expected_argv, loaded)}")
+    if unit_text is not None:
+        command = read_command(unit_text)
+        if command.problem:
+            problems.append(f"its unit file cannot be compared: {command.problem}")
+        elif command.argv != expected_argv:
+            problems.append(f"its unit file's ExecStart= is not the command line Pivot {source}: "
+                            f"{_word_difference(expected_argv, command.argv)}")
+        found_environment = dict(command.sglang_environment)
+        if environment_text is not None:
+            found_environment.update(environment_file_variables(environment_text))
+        if not command.problem and found_environment != expected_environment:
+            problems.append(f"its SGLang and DDTree environment is not the one Pivot {source}: "
+                            f"{_environment_difference(expected_environment, found_environment)}")
+    return problems

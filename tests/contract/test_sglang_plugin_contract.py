@@ -88,6 +88,9 @@ def test_server_args_handling_sets_what_ddtree_needs(run_probe: ProbeRunner) -> 
         ([], {"DDTREE_BUDGET": "2048"}, "DDTREE_BUDGET must be at most 1024"),
         (["--speculative-draft-window-size", "2048"], {}, "speculative-draft-window-size"),
         ([], {"DDTREE_BUDGET": "-1"}, "DDTREE_BUDGET must be a positive integer"),
+        # SGLang's own default track interval (256) under the production mamba flag: the rule phase 0 applies
+        (["--mamba-radix-cache-strategy", "extra_buffer"], {"DDTREE_BUDGET": "256"},
+         "mamba_track_interval 256 is below the verify width 257"),
     ],
 )
 def test_server_args_handling_refuses_what_ddtree_cannot_run(
@@ -95,6 +98,13 @@ def test_server_args_handling_refuses_what_ddtree_cannot_run(
 ) -> None:
     failed = run_probe("resolve-spec", [*PRODUCTION_LIKE, *extra_args], env=env, expect_rc=1)
     assert message in failed["stderr"]
+
+
+def test_a_raised_mamba_track_interval_serves_the_budget_it_was_raised_for(run_probe: ProbeRunner) -> None:
+    """Real SGLang's parser takes the setting phase 0's refusal names, and the plugin then serves budget 1024."""
+    args = [*PRODUCTION_LIKE, "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval", "1280"]
+    spec = run_probe("resolve-spec", args, env={"DDTREE_BUDGET": "1024"})
+    assert spec["target_verify_width"] == 1025
 
 
 def test_draft_length_above_the_drafter_block_is_refused(run_probe: ProbeRunner) -> None:

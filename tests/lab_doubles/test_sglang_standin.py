@@ -166,6 +166,18 @@ def test_the_plugins_server_args_rules_refuse_a_backend_it_cannot_verify_trees_o
     assert allowed.returncode == 0, allowed.stderr
 
 
+def test_the_plugins_mamba_rule_refuses_a_tree_wider_than_the_track_interval(venvs: dict[str, Path]) -> None:
+    """The lab refuses what the plugin refuses under real SGLang 0.5.23 (tests/contract): with the production mamba flag
+    and SGLang's default interval (256) budget 256 is too wide, until the interval is raised."""
+    mamba = [*ddtree_args(16), "--mamba-radix-cache-strategy", "extra_buffer"]
+    done = check(venvs["0.5.23-ddtree"], mamba, SGLANG_PLUGINS="ddtree", DDTREE_BUDGET="256")
+    assert done.returncode == 2 and "mamba_track_interval 256 is below the verify width 257" in done.stderr
+    assert "pass --mamba-track-interval 512" in done.stderr
+    raised = check(venvs["0.5.23-ddtree"], [*mamba, "--mamba-track-interval", "512"], SGLANG_PLUGINS="ddtree",
+                   DDTREE_BUDGET="256")
+    assert raised.returncode == 0, raised.stderr
+
+
 def test_the_api_key_comes_from_a_config_file(venvs: dict[str, Path], tmp_path: Path) -> None:
     config = tmp_path / "secrets.yaml"
     config.write_text("api-key: s3cret\n")

@@ -81,6 +81,11 @@ def test_second_pivot_refuses_while_the_first_runs(interruption: Interruption) -
 def test_killed_run_stopped_the_job_after_a_checkpoint(interruption: Interruption) -> None:
     report = interruption.first_report()
     assert [p["phase"] for p in report["phases"]][-1] == "gpu_release", "killed during the switch"
+    # The report the killed run left behind never says OK: it did not finish, and it says what to run.
+    assert report["status"] == "running" and not report["finished"], report["result"]
+    assert report["result"].startswith("RUNNING: this run has not finished; the last phase recorded is gpu_release "
+                                       "on ct200 (ok)"), report["result"]
+    assert "ansible-playbook playbooks/rollback_nextn.yml brings the baseline back" in report["result"]
     stopped = next(p for p in report["phases"] if p["phase"] == "stop_training")
     assert stopped["status"] == "ok" and stopped["findings"]["sigkill_needed"] is False
     checkpoint = stopped["findings"]["checkpoint_path"].rsplit("/", 1)[-1]
@@ -99,7 +104,11 @@ def test_rerun_after_the_kill_converges(interruption: Interruption) -> None:
     run = pivotlab.run_playbook("pivot.yml")
 
     assert run.rc == 0, run.summary()
-    assert run.report is not None and run.report["status"] == "ok"
+    assert run.report is not None and run.report["status"] == "ok" and run.report["finished"]
+    # judged at the end by what the controller saw on the serving host, not by the absence of a failure
+    served = run.report["served"]["pro6000"]
+    assert served["reachable"] and served["healthy"] and served["release"] == "ddtree-d16-b64-k8", served
+    assert served["active_state"] == "active" and served["algorithm"] == "DDTREE", served
     training_checks = {c["name"]: c for c in run.phase("preflight", "ct200")["findings"]["checks"]}
     assert "already gone" in training_checks["training_job"]["detail"]
     assert run.phase("stop_training")["findings"]["result"].startswith("No process of the job is running")

@@ -28,6 +28,12 @@ ENV_DEBUG_TREE_DIGEST = "DDTREE_DEBUG_TREE_DIGEST"
 """``1``: each round, log a digest of the trees and compare it across TP ranks (a host read per round)."""
 DEFAULT_VERIFY_TOPK = 2
 
+DEFAULT_MAMBA_TRACK_INTERVAL = 256
+"""SGLang 0.5.23's ``--mamba-track-interval`` default: every how many tokens a hybrid target's extra-buffer radix cache
+keeps a copy of its linear-attention state."""
+MAMBA_TRACKING_STRATEGIES = ("extra_buffer", "extra_buffer_lazy")
+"""``--mamba-radix-cache-strategy`` values whose state copies follow ``--mamba-track-interval``."""
+
 
 class DDTreeConfigError(ValueError):
     """A DDTree setting is missing, malformed or out of range."""
@@ -125,3 +131,24 @@ def resolve_settings(draft_tokens: int | None, environ: Mapping[str, str] | None
         max_topk=_parse_positive_int(env, ENV_TOPK),
         verify_topk=DEFAULT_VERIFY_TOPK if verify_topk is None else verify_topk,
     )
+
+
+def mamba_track_interval_for(settings: DDTreeSettings) -> int:
+    """The smallest multiple of SGLang's default track interval a verify window of these settings fits in."""
+    intervals = -(-settings.verify_width // DEFAULT_MAMBA_TRACK_INTERVAL)
+    return intervals * DEFAULT_MAMBA_TRACK_INTERVAL
+
+
+def mamba_tracking_problem(settings: DDTreeSettings, strategy: str | None, interval: int | None) -> str | None:
+    """Why a hybrid target's mamba radix cache cannot follow these settings' verify windows, with the fix; None when
+    it can. One verify window must not span more than one track interval (SGLang 0.5.23 asserts the same for the
+    draft length); ``interval=None`` is SGLang's default."""
+    if strategy not in MAMBA_TRACKING_STRATEGIES:
+        return None
+    track = DEFAULT_MAMBA_TRACK_INTERVAL if interval is None else int(interval)
+    if track >= settings.verify_width:
+        return None
+    return (f"mamba_track_interval {track} is below the verify width {settings.verify_width} ({ENV_BUDGET} + 1) of a "
+            f"hybrid target's --mamba-radix-cache-strategy {strategy}: pass --mamba-track-interval "
+            f"{mamba_track_interval_for(settings)} (a multiple of the page size, at least the verify width), or use a "
+            f"budget of at most {track - 1}")

@@ -11,7 +11,7 @@ from typing import Any
 
 from ddtree_runtime.model_layout import pair_problem
 from ddtree_runtime.sglang import compat
-from ddtree_runtime.sglang.config import DDTreeConfigError, DDTreeSettings, resolve_settings
+from ddtree_runtime.sglang.config import DDTreeConfigError, DDTreeSettings, mamba_tracking_problem, resolve_settings
 
 SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
 """Backends whose TARGET_VERIFY path applies a custom tree mask sized by the verify width, read in 0.5.23's source
@@ -71,12 +71,10 @@ def refuse_mamba_tracking(server_args: Any, settings: DDTreeSettings) -> None:
     verify window must not span more than one such interval. Checked on the arguments as given (here) and again at
     worker start on the resolved ones: SGLang resolves ``--mamba-radix-cache-strategy auto`` to ``extra_buffer`` when
     overlap scheduling is on, after this validator has run."""
-    interval = getattr(server_args, "mamba_track_interval", None)
-    strategy = getattr(server_args, "mamba_radix_cache_strategy", None)
-    buffered = strategy in ("extra_buffer", "extra_buffer_lazy")
-    if buffered and interval is not None and interval < settings.verify_width:
-        _refuse(f"mamba_track_interval {interval} is below the verify width {settings.verify_width} "
-                "(DDTREE_BUDGET + 1)")
+    problem = mamba_tracking_problem(settings, getattr(server_args, "mamba_radix_cache_strategy", None),
+                                     getattr(server_args, "mamba_track_interval", None))
+    if problem is not None:
+        _refuse(problem)
 
 
 def _refuse_unsupported_backends(server_args: Any) -> None:

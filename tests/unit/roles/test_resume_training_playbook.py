@@ -62,7 +62,6 @@ class Controller:
             "pivot_training_log_file": str(self.log),
             "pivot_training_gpu_count": 2,
             "pivot_state_dir": str(self.state),
-            "pivot_report_dir": str(self.artifacts),
             "pivot_training_resume": {
                 "command": [str(self.trainsim / "run.sh"), *self.trainer_flags(), "--resume-from", "{checkpoint}"],
                 "chdir": str(self.root), "output_file": str(self.root / "nohup.out"), "gpus": [0, 1],
@@ -74,7 +73,9 @@ class Controller:
             "resume_training_poll_delay": 1,
             **(host_vars or {}),
         }
-        inventory = {"all": {"children": {"training": {"hosts": {"ct200": host}}}}}
+        # as inventory/*/group_vars/all.yml: the controller writes the report
+        inventory = {"all": {"vars": {"pivot_report_dir": str(self.artifacts)},
+                             "children": {"training": {"hosts": {"ct200": host}}}}}
         (self.root / "hosts.yml").write_text(yaml.safe_dump(inventory))
 
     def train(self, *flags: str) -> None:

@@ -45,6 +45,8 @@ def plays() -> list[dict]:
         {"name": "Stop", "hosts": "ct200", **local, "tasks": [phase("stop_training", "stop")]},
         {"name": "Switch", "hosts": "pro6000", **local, "tasks": [phase("sglang_release", "switch")]},
         {"name": "Say how the run ended", "hosts": "localhost", "connection": "local", **local,
+         "vars": {"pivot_outcome_playbook": "pivot", "pivot_outcome_serving_hosts": [],
+                  "pivot_outcome_switch_hosts": [], "pivot_run_id": "t1", "pivot_report_dir": "{{ report_dir }}"},
          "tasks": [{"name": "Say how the run ended",
                     "ansible.builtin.import_tasks": str(REPO / "playbooks" / "tasks" / "say_outcome.yml")}]},
         {"name": "The command that brings the baseline back", "hosts": "pro6000", **local,

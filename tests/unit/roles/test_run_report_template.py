@@ -13,16 +13,19 @@ from ansible_collections.pivot.ops.plugins.filter.run_outcome import run_outcome
 TEMPLATE = Path(__file__).resolve().parents[3] / "roles" / "run_report" / "templates" / "report.md.j2"
 
 
-def report_view(phases: list[dict], playbook: str = "pivot") -> dict:
+def report_view(phases: list[dict], playbook: str = "pivot", finished: bool = True,
+                served: dict | None = None) -> dict:
     """run_report_data as roles/run_report builds it."""
     return {"playbook": playbook, "run_id": "r1", "check_mode": False, "written": "2026-12-01T00:00:00Z",
-            "report": f"/a/{playbook}-r1.md", "phases": phases, **run_outcome(phases)}
+            "report": f"/a/{playbook}-r1.md", "phases": phases, "finished": finished, "served": served or {},
+            **run_outcome(phases, finished=finished, served=served or {})}
 
 
-def render(phases: list[dict], playbook: str = "pivot") -> str:
+def render(phases: list[dict], playbook: str = "pivot", finished: bool = True, served: dict | None = None) -> str:
     environment = jinja2.Environment(trim_blocks=True, undefined=jinja2.ChainableUndefined)
     environment.filters["to_json"] = json.dumps
-    return environment.from_string(TEMPLATE.read_text()).render(run_report_view=report_view(phases, playbook))
+    view = report_view(phases, playbook, finished, served)
+    return environment.from_string(TEMPLATE.read_text()).render(run_report_view=view)
 
 
 def result_line(text: str) -> str:
@@ -127,3 +130,30 @@ def test_the_training_gpus_show_what_the_job_held_before_the_stop_and_after_the_
     # check mode: nothing was stopped, so nothing was waited for
     unread = render([stop_phase({"work_lost": None}), {**released, "findings": {"used_mib_before": [0, 0]}}])
     assert f"{row} - -> 0 0 -> - |" in unread
+
+
+def test_a_report_written_during_the_run_says_so_and_never_ok() -> None:
+    text = render([stop_phase({})], finished=False)
+    line = result_line(text)
+    assert line.startswith("**Result: RUNNING: this run has not finished") and "OK" not in line.split("**")[1]
+    assert "while the run was going on" in line
+
+
+def test_the_closing_check_of_the_serving_host_is_a_table() -> None:
+    served = {"pro6000": {"reachable": True, "active_state": "active", "release": "ddtree-d16-b64-k8",
+                          "healthy": True, "algorithm": "DDTREE"},
+              "pro6001": {"reachable": False, "error": "ssh: connect to host 10.0.0.2 port 22: timed out"}}
+    switch = {"phase": "sglang_release", "host": "pro6000", "status": "ok", "seconds": 1, "started": 2,
+              "findings": {"release": "ddtree-d16-b64-k8", "switched": True}}
+    text = render([switch], served=served)
+    assert "| pro6000 | active | ddtree-d16-b64-k8 | DDTREE, healthy |" in text
+    assert "| pro6001 | **not reached**: ssh: connect to host 10.0.0.2 port 22: timed out | - | - |" in text
+    assert result_line(text).startswith("**Result: INCOMPLETE: switched to ddtree-d16-b64-k8; what pro6001 serves "
+                                        "could not be checked")
+
+
+def test_a_rerun_whose_stop_found_no_job_has_no_empty_step() -> None:
+    """A re-run after the stop: no process, no new checkpoint, so no step either."""
+    text = render([stop_phase({"result": "No process of the job is running", "checkpoint_path": None,
+                               "checkpoint_step": ""})])
+    assert "(step )" not in text and "| checkpoint | - (step -) |" in text

@@ -68,6 +68,27 @@ def test_each_bad_training_setting_is_named(changes: dict[str, Any], fragment: s
     assert len(problems) == 1 and fragment in problems[0], problems
 
 
+def test_a_budget_wider_than_the_mamba_track_interval_is_refused_with_the_setting_that_serves_it() -> None:
+    """The production mamba flags (extra_buffer, SGLang's default interval 256) take budgets up to 255; a wider tree
+    needs --mamba-track-interval, which the refusal names, and which then lets it through."""
+    (problem,) = input_problems(serving(pivot_ddtree_budget=256), training())
+    assert problem.startswith("The DDTree plugin would refuse pivot_ddtree_budget=256 with pivot_serving_common_args")
+    assert "mamba_track_interval 256 is below the verify width 257" in problem
+    assert "pass --mamba-track-interval 512" in problem and "a budget of at most 255" in problem
+    flags = {**production("serving")["pivot_serving_common_args"], "mamba-track-interval": 1280}
+    assert input_problems(serving(pivot_ddtree_budget="1024", pivot_serving_common_args=flags), training()) == []
+    assert input_problems(serving(pivot_ddtree_budget=255), training()) == []
+    no_buffer = {**flags, "mamba-radix-cache-strategy": "no_buffer"}
+    del no_buffer["mamba-track-interval"]
+    assert input_problems(serving(pivot_ddtree_budget=1024, pivot_serving_common_args=no_buffer), training()) == []
+
+
+def test_two_bad_tree_settings_are_both_named() -> None:
+    (problem,) = input_problems(serving(pivot_ddtree_draft_tokens="abc", pivot_ddtree_budget="0"), training())
+    assert "--speculative-num-draft-tokens must be an integer, got 'abc'" in problem
+    assert "DDTREE_BUDGET must be a positive integer, got 0" in problem
+
+
 def test_every_problem_is_listed_at_once() -> None:
     problems = input_problems(serving(pivot_serving_port="0", pivot_ddtree_draft_tokens="1"),
                               training(pivot_training_job={}))

@@ -92,3 +92,80 @@ def test_check_mode_says_what_it_would_do_and_a_run_without_a_switch_is_plain() 
 def test_the_input_must_be_phase_records() -> None:
     with pytest.raises(AnsibleFilterError, match="list of phase records"):
         run_outcome({"phase": "x"})
+
+
+# --- the closing judgement: what the hosts show, not the absence of a recorded failure ------------------------------
+
+def seen(release: str = "ddtree-d16-b64-k8", healthy: bool = True, **more: object) -> dict:
+    return {"reachable": True, "active_state": "active" if healthy else "inactive", "release": release,
+            "healthy": healthy, "algorithm": "DDTREE", **more}
+
+
+def test_a_report_written_during_the_run_never_reads_ok() -> None:
+    """What a kill -9 after the NEXTN stop leaves behind."""
+    outcome = run_outcome([stop(), {"phase": "gpu_release", "host": "ct200", "status": "ok", "findings": {}}],
+                          finished=False)
+    assert outcome["status"] == "running"
+    assert outcome["result"].startswith("RUNNING: this run has not finished; the last phase recorded is gpu_release "
+                                        "on ct200 (ok). If its ansible-playbook is no longer running, the run was "
+                                        "interrupted: ansible-playbook playbooks/check_hosts.yml shows what serves")
+    assert "OK" not in outcome["result"]
+    assert run_outcome([stop(LOST)], finished=False)["result"].count("1381 steps of training lost") == 1
+    # a failed phase ends the run: its report is final at once
+    assert run_outcome([stop(status="failed")], finished=False)["status"] == "failed"
+
+
+def test_a_switch_the_host_confirms_is_ok() -> None:
+    outcome = run_outcome([stop(), switch(switched=True)], served={"pro6000": seen()}, switch_hosts=["pro6000"])
+    assert outcome == {"status": "ok", "result": "OK: switched to ddtree-d16-b64-k8", "work_lost": ""}
+
+
+def test_a_lost_serving_host_makes_the_run_incomplete_with_what_to_run() -> None:
+    """The serving host went away after the NEXTN stop: no switch record, and the closing check cannot reach it."""
+    outcome = run_outcome([stop()], served={"pro6000": {"reachable": False, "error": "ssh: connect timed out"}},
+                          switch_hosts=["pro6000"])
+    assert outcome["status"] == "incomplete"
+    assert outcome["result"] == ("INCOMPLETE: no switch was recorded on pro6000 (the host was lost or the run stopped "
+                                 "before it); what pro6000 serves could not be checked (ssh: connect timed out)")
+    back = run_outcome([stop()], served={"pro6000": seen(release="nextn-baseline", algorithm="EAGLE")},
+                       switch_hosts=["pro6000"])
+    assert back["status"] == "incomplete" and back["result"].endswith(
+        "before it); pro6000 serves nextn-baseline (EAGLE, healthy)")
+
+
+def test_a_host_back_with_its_server_down_fails_the_run_and_names_the_rollback() -> None:
+    down = seen(release="nextn-baseline", healthy=False, rollback_command="ansible-playbook -i inv rollback.yml")
+    outcome = run_outcome([stop()], served={"pro6000": down}, switch_hosts=["pro6000"])
+    assert outcome["status"] == "failed"
+    assert ("the server on pro6000 is DOWN (unit inactive, current -> nextn-baseline): run ansible-playbook -i inv "
+            "rollback.yml") in outcome["result"]
+    recorded_ok = run_outcome([switch(switched=True)], served={"pro6000": down}, switch_hosts=["pro6000"])
+    assert recorded_ok["status"] == "failed"
+    assert recorded_ok["result"].startswith("FAILED: switched to ddtree-d16-b64-k8; the server on pro6000 is DOWN")
+
+
+def test_another_release_than_recorded_fails_the_run() -> None:
+    outcome = run_outcome([switch(switched=True)], served={"pro6000": seen(release="nextn-baseline")})
+    assert outcome["status"] == "failed"
+    assert outcome["result"] == ("FAILED: switched to ddtree-d16-b64-k8; pro6000 serves nextn-baseline, not "
+                                 "ddtree-d16-b64-k8")
+    rolled = run_outcome([switch("failed", failure="x", rolled_back_to="nextn-baseline")],
+                         served={"pro6000": seen(release="nextn-baseline")})
+    assert rolled["result"] == "FAILED: ddtree-d16-b64-k8 failed; rolled back to nextn-baseline, which serves again"
+
+
+def test_a_recorded_down_server_that_the_check_finds_down_is_said_once() -> None:
+    down = run_outcome([switch("failed", failure="x", rollback_to="nextn-baseline", rollback_failure="y",
+                               server_down=True)], served={"pro6000": seen(release="nextn-baseline", healthy=False)})
+    assert down["result"].count("DOWN") == 1
+
+
+def test_check_mode_expects_nothing_of_a_switch_it_only_previewed() -> None:
+    outcome = run_outcome([switch("checked", switched=True)], check_mode=True,
+                          served={"pro6000": seen(release="nextn-baseline")}, switch_hosts=["pro6000"])
+    assert outcome["status"] == "ok" and outcome["result"] == "OK (check mode): would switch to ddtree-d16-b64-k8"
+
+
+def test_served_must_be_a_mapping() -> None:
+    with pytest.raises(AnsibleFilterError, match="served must map"):
+        run_outcome([], served=["pro6000"])

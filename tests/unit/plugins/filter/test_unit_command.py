@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.pivot.ops.plugins.filter.unit_command import unit_command
+from ansible_collections.pivot.ops.plugins.filter.unit_drift import unit_drift
 
 REPO = Path(__file__).resolve().parents[4]
 LAB_USER_UNIT = REPO / "lab" / "files" / "sglang-nextn.service"
@@ -124,3 +125,62 @@ def test_systemd_running_something_else_than_the_file_is_a_problem() -> None:
     two = "{ path=/a ; argv[]=/a ; ignore_errors=no ; x } ; { path=/b ; argv[]=/b ; ignore_errors=no ; x }"
     assert unit_command(text, two)["problem"]
     assert unit_command(text, "garbage")["problem"].endswith("which is not one command")
+
+
+# --- unit_drift: what systemd would run is what Pivot rendered or recorded -------------------------------------------
+
+RECORD = {"source": "rendered", "argv": ["/v/bin/python3", "-m", "sglang.launch_server", "--port", "30000"],
+          "environment": {"DDTREE_BUDGET": "64", "SGLANG_PLUGINS": "ddtree"}}
+RENDERED_UNIT = service("EnvironmentFile=/etc/sglang/releases/r/environment",
+                        "ExecStart=" + " \\\n    ".join(shlex.quote(word) for word in RECORD["argv"]))
+RENDERED_ENVIRONMENT = "# Ansible managed\nDDTREE_BUDGET=64\nSGLANG_PLUGINS=ddtree\n"
+LOADED = {"ExecStart": shown(RECORD["argv"]), "NeedDaemonReload": "no", "DropInPaths": ""}
+
+
+def test_a_unit_that_is_what_pivot_rendered_has_no_drift() -> None:
+    assert unit_drift(RECORD, LOADED, unit_text=RENDERED_UNIT, environment_text=RENDERED_ENVIRONMENT) == []
+    assert unit_drift(RECORD, LOADED) == []
+
+
+def test_a_changed_unit_file_systemd_has_not_reloaded_is_named() -> None:
+    """The stale unit: the file was re-rendered, systemd still runs the old one."""
+    old = {**LOADED, "NeedDaemonReload": "yes", "ExecStart": shown([*RECORD["argv"][:-1], "30001"])}
+    problems = unit_drift(RECORD, old)
+    assert any("NeedDaemonReload=yes" in problem for problem in problems), problems
+    assert any("systemd has loaded another command line than Pivot rendered: '30001' where it should be '30000'"
+               in problem for problem in problems), problems
+
+
+def test_drop_ins_are_named() -> None:
+    with_drop_in = {**LOADED, "DropInPaths": "/etc/systemd/system/sglang.service.d/override.conf"}
+    (problem,) = unit_drift(RECORD, with_drop_in)
+    assert problem.startswith("drop-ins change the unit (/etc/systemd/system/sglang.service.d/override.conf)")
+
+
+def test_a_hand_edit_of_a_recorded_unit_names_the_words_that_changed() -> None:
+    recorded = {"source": "recorded", "argv": USER_ARGV, "environment": {}}
+    edited = LAB_USER_UNIT.read_text().replace("--mem-fraction-static 0.88", "--mem-fraction-static 0.5")
+    (problem,) = unit_drift(recorded, {}, unit_text=edited)
+    assert problem == ("its unit file's ExecStart= is not the command line Pivot recorded: '0.5' where it should be "
+                       "'0.88'")
+    added = LAB_USER_UNIT.read_text().replace("[Service]", "[Service]\nEnvironment=SGLANG_PLUGINS=ddtree")
+    (problem,) = unit_drift(recorded, {}, unit_text=added)
+    assert problem.endswith("environment is not the one Pivot recorded: SGLANG_PLUGINS=ddtree added")
+    assert unit_drift(recorded, {}, unit_text=LAB_USER_UNIT.read_text()) == []
+
+
+def test_a_rendered_environment_file_edited_by_hand_is_named() -> None:
+    edited = RENDERED_ENVIRONMENT.replace("DDTREE_BUDGET=64", "DDTREE_BUDGET=256")
+    (problem,) = unit_drift(RECORD, LOADED, unit_text=RENDERED_UNIT, environment_text=edited)
+    assert problem.endswith("DDTREE_BUDGET=256 where it should be 64")
+    (problem,) = unit_drift(RECORD, LOADED, unit_text=RENDERED_UNIT, environment_text="SGLANG_PLUGINS=ddtree\n")
+    assert problem.endswith("DDTREE_BUDGET missing")
+
+
+def test_words_added_or_removed_are_named() -> None:
+    argv = RECORD["argv"]
+    (problem,) = unit_drift(RECORD, {"ExecStart": shown([*argv, "--api-key", "x"])})
+    assert problem.endswith("'--api-key x' added")
+    (problem,) = unit_drift(RECORD, {"ExecStart": shown(argv[:3])})
+    assert problem.endswith("'--port 30000' missing")
+    assert unit_drift(RECORD, {"ExecStart": "garbage"})

@@ -59,7 +59,8 @@ def test_not_found_says_where_it_looked_and_which_option_to_set():
         find_nvidia_smi(FakeModule(found=None), None, "nvidia_smi_path")
     looked = ", ".join(SEARCH_DIRS)
     assert str(raised.value) == (f"nvidia-smi was not found on the PATH or in {looked}. Install the NVIDIA driver "
-                                 "utilities on this host, or set nvidia_smi_path.")
+                                 "utilities on this host, or set nvidia_smi_path (in Pivot's inventory: "
+                                 "pivot_nvidia_smi_path).")
 
 
 def test_a_path_is_taken_as_it_is_when_it_is_executable(tmp_path):

@@ -110,7 +110,8 @@ def test_without_nvidia_smi_it_says_where_it_looked(run_module, bin_dir: Path, t
     assert not result["failed"] and not result["build_possible"] and result["compute_capabilities"] == []
     # A phrase the roles put inside their own sentences: no full stop of its own.
     assert result["why_not"] == (f"nvidia-smi was not found on the PATH or in {tmp_path / 'nowhere'}. Install the "
-                                 "NVIDIA driver utilities on this host, or set nvidia_smi")
+                                 "NVIDIA driver utilities on this host, or set nvidia_smi (in Pivot's inventory: "
+                                 "pivot_nvidia_smi_path)")
 
 
 def test_an_nvidia_smi_path_that_is_not_executable_is_named(run_module, bin_dir: Path, tmp_path: Path) -> None:

@@ -29,13 +29,16 @@ class Release:
     mamba_strategies: tuple[str, ...]
     cuda_graph_flags: tuple[str, ...]
     has_plugins: bool
+    # --mamba-track-interval with this release's default (SGLang 0.5.23: 256); None where the stand-in lacks the flag
+    mamba_track_interval: int | None = None
 
 
 RELEASES = {
     "0.5.11": Release("--mamba-scheduler-strategy", ("auto", "no_buffer", "extra_buffer"), ("--cuda-graph-max-bs",),
                       has_plugins=False),
     "0.5.23": Release("--mamba-radix-cache-strategy", ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"),
-                      ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"), has_plugins=True),
+                      ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"), has_plugins=True,
+                      mamba_track_interval=256),
 }
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -58,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--mamba-full-memory-ratio", type=float)
     p.add_argument(rel.mamba_strategy_flag, choices=rel.mamba_strategies)
+    if rel.mamba_track_interval is not None:
+        p.add_argument("--mamba-track-interval", type=int, default=rel.mamba_track_interval)
     p.add_argument("--reasoning-parser")
     p.add_argument("--tool-call-parser")
     p.add_argument("--speculative-algorithm", type=str.upper)
