@@ -349,12 +349,10 @@ def describe_wait(states: list, previous: Checkpoint | None, reference: tuple | 
     return "no new one yet"
 
 
-def latest_step_in_log(path: str, regex: str, tail_bytes: int) -> tuple:
-    """Last training step in the final ``tail_bytes`` of a log, with the line it came from.
+DISK_FULL = re.compile(r"No space left on device|ENOSPC|Disk quota exceeded|EDQUOT")
 
-    Progress bars rewrite lines with carriage returns, so both ``\\r`` and ``\\n`` end a line.
-    Returns (step or None, line or None).
-    """
+
+def _log_tail_lines(path: str, tail_bytes: int) -> list:
     with open(path, "rb") as handle:
         handle.seek(0, os.SEEK_END)
         size = handle.tell()
@@ -362,8 +360,37 @@ def latest_step_in_log(path: str, regex: str, tail_bytes: int) -> tuple:
         handle.seek(start)
         data = handle.read().decode("utf-8", "replace")
     lines = re.split(r"[\r\n]+", data)
-    if start > 0:
-        lines = lines[1:]  # the first line of a tail is usually cut
+    return lines[1:] if start > 0 else lines  # the first line of a tail is usually cut
+
+
+def disk_full_in_log(path: str, tail_bytes: int) -> str | None:
+    """The last line in the final ``tail_bytes`` of a log that says a disk is full (ENOSPC, a quota), or None."""
+    try:
+        lines = _log_tail_lines(path, tail_bytes)
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if DISK_FULL.search(line):
+            return line.strip()
+    return None
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem of ``path``; None when it cannot be read."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def latest_step_in_log(path: str, regex: str, tail_bytes: int) -> tuple:
+    """Last training step in the final ``tail_bytes`` of a log, with the line it came from.
+
+    Progress bars rewrite lines with carriage returns, so both ``\\r`` and ``\\n`` end a line.
+    Returns (step or None, line or None).
+    """
+    lines = _log_tail_lines(path, tail_bytes)
     compiled = re.compile(regex)
     for line in reversed(lines):
         match = compiled.search(line)

@@ -128,6 +128,15 @@ class Heartbeat:
             return None
         return max(0.0, self.wall_clock() - mtime)
 
+    def refreshed_since(self, moment: float) -> bool:
+        """True when the controller refreshed it after ``moment`` (wall-clock seconds)."""
+        if not self.path:
+            return False
+        try:
+            return os.stat(self.path).st_mtime > moment
+        except OSError:
+            return False
+
     def stale(self) -> bool:
         """True when the controller stopped refreshing it for longer than ``timeout`` (or removed it)."""
         if not self.enabled:

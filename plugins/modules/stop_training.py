@@ -217,8 +217,10 @@ options:
         SIGKILL, SIGINT, SIGQUIT, SIGHUP or C(systemctl stop); a SIGUSR1 checkpoint request is not one), the stop is
         cancelled: the trigger file is removed, nothing else is sent, the job keeps running, and the task fails with
         RV(cancelled). Once such a signal went out, the stop runs to its end whatever the heartbeat says."
-      - Checked at every poll while waiting for the checkpoint or for the host lock, and immediately before the first
-        signal that ends the job. Removed when the module ends.
+      - Checked at every poll while waiting for the checkpoint or for the host lock. Before the first signal that ends
+        the job the stop waits for the controller to refresh it once more (its next look, a few seconds): a Ctrl-C
+        pressed while the checkpoint was landing leaves the heartbeat fresh for up to O(heartbeat_timeout) but brings
+        no further look, so the stop cancels instead of ending the job. Removed when the module ends.
     type: path
   heartbeat_timeout:
     description:
@@ -407,6 +409,27 @@ checkpoint:
       type: str
   sample: {path: /data/dflash/checkpoints/step_5400, step: 5400, size_bytes: 1048576,
            requested_at: "2026-11-30T15:34:01Z", completed_at: "2026-11-30T15:35:12Z"}
+checkpoint_space:
+  description:
+    - In check mode, whether the checkpoint the stop would ask for fits where it goes; the preflight refuses the stop
+      when the free space is below the size of the newest complete checkpoint (the trainer would fail with ENOSPC).
+  returned: in check mode, when O(checkpoint.path) is set and a job was found
+  type: dict
+  contains:
+    directory:
+      description: The checkpoint directory.
+      type: str
+    free_bytes:
+      description: Bytes free there for the trainer (null when they cannot be read).
+      type: int
+    newest:
+      description: The newest complete checkpoint (null when there is none yet).
+      type: str
+    newest_bytes:
+      description: Its size in bytes (null when there is none).
+      type: int
+  sample: {directory: /data/dflash/checkpoints, free_bytes: 53687091200, newest: /data/dflash/checkpoints/step_5400,
+           newest_bytes: 17179869184}
 previous_checkpoint:
   description: The best complete checkpoint that existed before the request (highest step); what a forced stop
     leaves to resume from.
@@ -540,6 +563,8 @@ from ansible_collections.pivot.ops.plugins.module_utils.checkpoint import (
     CheckpointSpec,
     CheckpointWatcher,
     describe_wait,
+    disk_full_in_log,
+    free_bytes,
     latest_step_in_log,
 )
 from ansible_collections.pivot.ops.plugins.module_utils.escalation import (
@@ -583,6 +608,8 @@ from ansible_collections.pivot.ops.plugins.module_utils.systemd_unit import (
 
 PROC_ROOT = "/proc"
 JOB_SCAN_INTERVAL = 2.0  # seconds between checks that the job still runs, while waiting for its checkpoint
+GIB = 1024 ** 3
+LOOK_POLL_S = 0.2  # how often the stop looks for the controller's next look before its point of no return
 LOCK_WAIT_MARGIN = 30.0  # beyond heartbeat_timeout + grace_period + kill_timeout, for an abandoned stop to end
 
 
@@ -769,15 +796,40 @@ class TrainingStop:
             % (
                 self.params["heartbeat_file"],
                 "ever" if age is None else "%d s" % age,
-                " A checkpoint request had been sent; the checkpoint it asked for may still land."
-                if self.result["changed"] else "",
+                self.cancelled_checkpoint_note(),
             )
         )
 
+    def cancelled_checkpoint_note(self) -> str:
+        """What a cancelled stop says of the checkpoint it had asked for."""
+        checkpoint = self.result.get("checkpoint") or {}
+        if checkpoint.get("path"):
+            return " The checkpoint it had asked for is complete: %s (step %s)." % (checkpoint["path"],
+                                                                                   checkpoint.get("step"))
+        if self.result["changed"]:
+            return " A checkpoint request had been sent; the checkpoint it asked for may still land."
+        return ""
+
     def commit_to(self, what: str) -> None:
         """Last chance to cancel, then the point of no return: from here the stop runs to its end."""
+        self.await_a_look(what)
         self.cancel_if_unwatched()
         self.commit.note_ending(what)
+
+    def await_a_look(self, what: str) -> None:
+        """Wait for a look of the controller made after this moment, or for its heartbeat to go stale.
+
+        A heartbeat that is merely not stale yet is no proof anyone watches: after a Ctrl-C it stays fresh for up to
+        heartbeat_timeout, and a checkpoint landing in that time would otherwise end the job behind the user's back.
+        The controller looks every few seconds while it watches, so this costs one look's wait."""
+        if not self.heartbeat.enabled:
+            return
+        ready = self.heartbeat.wall_clock()
+        self.progress.update("confirm", "ready for %s: waiting for the controller's next look before it" % what)
+        while not self.heartbeat.stale():
+            if self.heartbeat.refreshed_since(ready):
+                return
+            time.sleep(min(LOOK_POLL_S, self.params["poll_interval"]))
 
     def lock_wait_limit(self) -> float:
         return self.params["heartbeat_timeout"] + self.params["grace_period"] + self.params["kill_timeout"] + \
@@ -936,6 +988,33 @@ class TrainingStop:
             self.result["changed"] = True
         return True
 
+    @staticmethod
+    def gib(size: int) -> str:
+        return "%.1f GiB" % (size / GIB)
+
+    def disk_full_note(self) -> str:
+        """A sentence naming a full disk when the training log's tail says so (ENOSPC, a quota), else ''."""
+        if not self.params["log_file"]:
+            return ""
+        line = disk_full_in_log(self.params["log_file"], self.params["log_tail_bytes"])
+        if line is None:
+            return ""
+        directory = self.checkpoint_params.get("path") or "the checkpoint directory"
+        free = free_bytes(directory) if self.checkpoint_params.get("path") else None
+        return (" The training log says the disk is full: %r. Free space where the checkpoints go (%s%s) before the "
+                "next try." % (line[:300], directory, "" if free is None else ", %s free now" % self.gib(free)))
+
+    def checkpoint_space(self) -> dict | None:
+        """Free space where the checkpoints go, and the size of the newest complete one (what the next one will
+        about take): the preflight refuses a stop whose checkpoint would not fit."""
+        watcher = self.checkpoint_watcher()
+        if watcher is None:
+            return None
+        watcher.take_baseline()
+        newest = watcher.newest_before()
+        return {"directory": watcher.spec.directory, "free_bytes": free_bytes(watcher.spec.directory),
+                "newest": newest.path if newest else None, "newest_bytes": newest.size if newest else None}
+
     def refuse_or_force(self, msg: str) -> None:
         if self.params["force"]:
             self.forced_because.append(msg)
@@ -1009,13 +1088,14 @@ class TrainingStop:
             if found is None and not self.forced_because:
                 pending = watcher.pending(states)
                 self.refuse_or_force(
-                    "No new complete checkpoint matching %s/%s appeared within %gs after the request at %s%s."
+                    "No new complete checkpoint matching %s/%s appeared within %gs after the request at %s%s.%s"
                     % (
                         watcher.spec.directory,
                         watcher.spec.pattern,
                         self.checkpoint_params["timeout"],
                         requested_at,
                         " (incomplete: %s)" % ", ".join(pending) if pending else "",
+                        self.disk_full_note(),
                     )
                 )
             elif found is not None:
@@ -1030,9 +1110,9 @@ class TrainingStop:
         msg = (
             "Every process of the job exited during the checkpoint wait, before this module sent anything that ends "
             "it: the trainer crashed or finished by itself. %sNo checkpoint newer than the request is proven; the "
-            "newest complete one before it is %s. Read the end of the training log before resuming."
+            "newest complete one before it is %s. Read the end of the training log before resuming.%s"
             % ("%s settled, but without a marker a save cut short by a crash looks settled too, so it is not "
-               "trusted. " % unverified if unverified else "", resume)
+               "trusted. " % unverified if unverified else "", resume, self.disk_full_note())
         )
         if not self.params["force"]:
             self.fail(msg + " Nothing was stopped by this module.")
@@ -1130,6 +1210,7 @@ class TrainingStop:
         if self.module._diff:
             self.result["diff"] = {"before": process_lines(members.values()), "after": ""}
         if self.module.check_mode:
+            self.result["checkpoint_space"] = self.checkpoint_space()
             self.preview(members)
             return
         if self.checkpoint_params:

@@ -376,13 +376,34 @@ def checkpoint_dir(facts: Facts) -> Check:
     return check("checkpoint_dir", True, f"{path} is a writable directory")
 
 
+def checkpoint_space(facts: Facts) -> Check:
+    """The checkpoint the stop asks for must fit: free space at least the size of the newest complete one."""
+    space = (facts.get("job") or {}).get("checkpoint_space") or {}
+    if not space:
+        return check("checkpoint_space", True, "no checkpoint requested, or no job to checkpoint")
+    directory, free, newest, size = (space.get(k) for k in ("directory", "free_bytes", "newest", "newest_bytes"))
+    if free is None:
+        return check("checkpoint_space", False, f"cannot read the free space of {directory}")
+    if not newest or size is None:
+        return check("checkpoint_space", True,
+                     f"{directory}: {free / GIB:.1f} GiB free; no complete checkpoint yet to size the next one by")
+    fits = int(free) >= int(size)
+    detail = (f"{directory}: {free / GIB:.1f} GiB free, the newest checkpoint ({newest}) takes {size / GIB:.1f} GiB")
+    if fits:
+        return check("checkpoint_space", True, detail)
+    return check("checkpoint_space", False,
+                 f"{detail}: the checkpoint the stop asks for would not fit, and a trainer that runs out of space "
+                 "while saving fails with ENOSPC (its work since the newest checkpoint lost). Free space there (move "
+                 "older checkpoints away) and run again")
+
+
 def job_owner(facts: Facts) -> Callable[[Mapping[str, Any]], bool]:
     pids = {as_int(p.get("pid")) for p in (facts.get("job") or {}).get("pids") or []}
     return lambda process: as_int(process.get("pid")) in pids
 
 
 def training_checks(facts: Facts) -> list[Check]:
-    return [training_job(facts), checkpoint_dir(facts), gpu_count(facts),
+    return [training_job(facts), checkpoint_dir(facts), checkpoint_space(facts), gpu_count(facts),
             gpu_holders(facts, job_owner(facts), "the training job (stopped by the pivot)")]
 
 

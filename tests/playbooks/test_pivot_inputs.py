@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import labctl
 import pivotlab
 import pytest
 import yaml
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
+CHECKPOINT_DIR = "/data/dflash/checkpoints"
 
 PHASE0_CASES = {
     # -e values arrive as strings, as a user types them.
@@ -23,6 +25,16 @@ PHASE0_CASES = {
                         ["The DDTree plugin would refuse pivot_ddtree_draft_tokens=17", "got 17"]),
     "budget-0": (["pivot_ddtree_budget=0"], ["The DDTree plugin would refuse", "pivot_ddtree_budget=0",
                                              "DDTREE_BUDGET must be a positive integer, got 0"]),
+    # The lab's flags are production's (mamba-radix-cache-strategy extra_buffer, SGLang's default track interval 256):
+    # the plugin would refuse a verify window of 257 at start, so phase 0 does, naming the setting that serves it.
+    "budget-256-mamba": (["pivot_ddtree_budget=256"],
+                         ["The DDTree plugin would refuse pivot_ddtree_budget=256 with pivot_serving_common_args",
+                          "mamba_track_interval 256 is below the verify width 257",
+                          "pass --mamba-track-interval 512"]),
+    # Two bad tree settings at once: both are named.
+    "draft-abc-budget-0": (["pivot_ddtree_draft_tokens=abc", "pivot_ddtree_budget=0"],
+                           ["--speculative-num-draft-tokens must be an integer, got 'abc'",
+                            "DDTREE_BUDGET must be a positive integer, got 0"]),
     "unknown-host": (["pivot_serving_hosts=nohost"],
                      ["'nohost' matches []", "exactly one training host and one serving host"]),
 }
@@ -123,6 +135,36 @@ def test_a_trainer_without_a_handler_for_the_checkpoint_signal_is_refused_in_pre
         assert run.changed(host) == 0, f"{host}: {[task for task, _unused in run.changed_results(host)]}"
     pivotlab.assert_training_untouched(job, pivotlab.training_state())
     pivotlab.assert_serving_untouched(baseline, pivotlab.serving_state())
+
+
+def test_a_checkpoint_disk_without_room_for_the_next_checkpoint_is_refused_in_preflight(
+    training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """The checkpoint the stop asks for would not fit (here the newest checkpoint holds a sparse 8 TiB file: larger
+    than the disk's free space, using none of it): preflight refuses before anything is signalled, naming the space."""
+    training()
+    oversized = f"{CHECKPOINT_DIR}/step_99999999"
+    # a copy of the newest checkpoint (as many files as it: still a complete one without a marker) plus the big file
+    script = (f'cd {CHECKPOINT_DIR} && newest=$(ls -d step_* 2>/dev/null | sort -V | tail -1) && '
+              f'{{ if [ -z "$newest" ]; then mkdir {oversized}; else cp -a "$newest" {oversized}; fi; }} && '
+              f'truncate -s 8T {oversized}/oversized.bin')
+    made = labctl.pct_exec(["sh", "-c", script])
+    assert made.rc == 0, made.stderr
+    try:
+        job = pivotlab.training_state()
+        run = pivotlab.run_playbook("pivot.yml")
+
+        assert run.rc != 0, run.summary()
+        assert set(run.phase_names()) == {"preflight"}, "nothing after preflight may run"
+        checks = {c["name"]: c for c in run.phase("preflight", "ct200")["findings"]["checks"]}
+        detail = checks["checkpoint_space"]["detail"]
+        assert checks["checkpoint_space"]["ok"] is False, checks
+        assert f"the newest checkpoint ({oversized}) takes 8192.0 GiB: the checkpoint the stop asks for would not fit" \
+            in detail, detail
+        pivotlab.assert_training_untouched(job, pivotlab.training_state())
+        pivotlab.assert_serving_untouched(baseline, pivotlab.serving_state())
+    finally:
+        labctl.pct_exec(["rm", "-rf", oversized])
 
 
 SERVING_VARS = pivotlab.REPO / "inventory" / "production" / "group_vars" / "serving.yml"

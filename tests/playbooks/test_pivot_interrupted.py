@@ -5,8 +5,8 @@ to the DDTree release; the job is not restarted, and the checkpoint the killed r
 
 Ctrl-C during the training stop never leaves a stop running unwatched: pressed while the stop waits for the
 checkpoint, the stop on ct200 cancels itself once the controller's heartbeat is gone (the job runs on, nothing was
-killed); pressed after SIGTERM went out, the stop finishes by itself and the next run records it as finished
-unattended."""
+killed), also when the checkpoint lands before that (no SIGTERM without a look of the controller after it); pressed
+after SIGTERM went out, the stop finishes by itself and the next run records it as finished unattended."""
 
 from __future__ import annotations
 
@@ -139,11 +139,20 @@ CHECKPOINT_WAIT = r"^ct200: waiting for a complete checkpoint newer than the req
 SIGTERM_WAIT = r"^ct200: SIGTERM sent: waiting for the job to exit"
 
 
+# Ctrl-C while the checkpoint is being written: it lands CHECKPOINT_SECONDS after the request, some seconds after the
+# Ctrl-C (pressed at the first progress line, about 5 s after the request) and well before the heartbeat goes stale
+# (CANCEL_HEARTBEAT_TIMEOUT_S after the last look). A fresh heartbeat is not taken for a watching controller: the stop
+# waits for a look after the checkpoint landed, none comes, and it cancels.
+CHECKPOINT_SECONDS = 12
+CANCEL_HEARTBEAT_TIMEOUT_S = 25
+
+
 def test_ctrl_c_while_the_stop_waits_for_its_checkpoint_cancels_it_and_the_job_runs_on(
     training: Callable[..., pivotlab.Training]
 ) -> None:
-    job = training("--checkpoint-on", "never")
-    run = stopwatch.TerminalRun.start("pivot.yml", *WATCH_VARS)
+    job = training("--checkpoint-seconds", str(CHECKPOINT_SECONDS))
+    run = stopwatch.TerminalRun.start("pivot.yml", f"stop_training_poll_delay={POLL_DELAY_S}",
+                                      f"stop_training_heartbeat_timeout={CANCEL_HEARTBEAT_TIMEOUT_S}")
     try:
         run.wait_for_line(CHECKPOINT_WAIT, timeout=400)
     except AssertionError:
@@ -156,15 +165,19 @@ def test_ctrl_c_while_the_stop_waits_for_its_checkpoint_cancels_it_and_the_job_r
     def cancelled() -> list[dict]:
         return [r for r in stopwatch.host_records() if r["run_id"] == first_run_id and r["outcome"] == "cancelled"]
 
-    [record] = stopwatch.wait_until(cancelled, HEARTBEAT_TIMEOUT_S + 40, "cancelled stop on ct200")
+    [record] = stopwatch.wait_until(cancelled, CANCEL_HEARTBEAT_TIMEOUT_S + CHECKPOINT_SECONDS + 40,
+                                    "cancelled stop on ct200")
     # async_wrapper looks at its module every 5 s: it ends a few seconds after the module
     stopwatch.wait_until(lambda: not stopwatch.stop_processes(), 20, "end of the stop's processes")
     assert record["finished_unattended"] is True and record["committed_at"] is None
     assert record["msg"].startswith("Cancelled: the controller stopped watching this stop")
     assert "The job was left running; nothing was stopped." in record["msg"]
+    # the checkpoint landed after the Ctrl-C, while the heartbeat was still fresh: kept, and no SIGTERM followed
+    landed = record["checkpoint"]["path"].rsplit("/", 1)[-1]
+    assert f"The checkpoint it had asked for is complete: {record['checkpoint']['path']}" in record["msg"]
     after = pivotlab.training_state()
     assert after.pids == job.pids, "every process of the job still runs"
-    assert after.checkpoints == job.checkpoints
+    assert after.checkpoints == {**job.checkpoints, landed: True}
     new_lines = after.signal_lines[len(job.signal_lines):]
     assert new_lines and all("Checkpoint requested (SIGUSR1)" in line for line in new_lines), new_lines
 

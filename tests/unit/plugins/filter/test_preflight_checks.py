@@ -289,6 +289,29 @@ def test_a_missing_checkpoint_directory_is_refused() -> None:
     assert not checks["checkpoint_dir"]["ok"] and "does not exist" in checks["checkpoint_dir"]["detail"]
 
 
+def space(free_gib: float, newest_gib: float | None) -> dict[str, Any]:
+    newest = None if newest_gib is None else "/data/dflash/checkpoints/step_5400"
+    return {**training_facts()["job"], "checkpoint_space": {
+        "directory": "/data/dflash/checkpoints", "free_bytes": int(free_gib * 1024**3), "newest": newest,
+        "newest_bytes": None if newest_gib is None else int(newest_gib * 1024**3)}}
+
+
+def test_a_checkpoint_disk_without_room_for_one_more_checkpoint_is_refused() -> None:
+    check = by_name(preflight_checks(training_facts(job=space(3.0, 16.0)), "training"))["checkpoint_space"]
+    assert not check["ok"]
+    assert check["detail"].startswith("/data/dflash/checkpoints: 3.0 GiB free, the newest checkpoint "
+                                      "(/data/dflash/checkpoints/step_5400) takes 16.0 GiB: the checkpoint the stop "
+                                      "asks for would not fit"), check["detail"]
+    assert "ENOSPC" in check["detail"] and "Free space there" in check["detail"]
+
+
+def test_room_for_one_more_checkpoint_or_none_to_size_it_by_passes() -> None:
+    assert by_name(preflight_checks(training_facts(job=space(40.0, 16.0)), "training"))["checkpoint_space"]["ok"]
+    first = by_name(preflight_checks(training_facts(job=space(1.0, None)), "training"))["checkpoint_space"]
+    assert first["ok"] and "no complete checkpoint yet" in first["detail"]
+    assert by_name(preflight_checks(training_facts(), "training"))["checkpoint_space"]["ok"]
+
+
 def test_the_filter_refuses_an_unknown_side() -> None:
     with pytest.raises(AnsibleFilterError, match="side must be"):
         preflight_checks({}, "gateway")

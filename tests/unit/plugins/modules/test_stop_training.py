@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -501,6 +503,33 @@ def record_of(result: dict) -> dict:
         return json.load(handle)
 
 
+class ControllerLooks:
+    """The controller's looks at a running stop, as pivot.ops.async_watch makes them: the heartbeat refreshed every
+    0.1 s (never created: the module creates it, and removes it when it ends) until stop()."""
+
+    def __init__(self, heartbeat) -> None:
+        self.heartbeat = heartbeat
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.look, daemon=True)
+        self.thread.start()
+
+    def look(self) -> None:
+        while not self.done.wait(0.1):
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self.heartbeat)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+@pytest.fixture
+def controller_looks(tmp_path):
+    looks = ControllerLooks(tmp_path / "state" / "session-1.heartbeat")
+    yield looks
+    looks.stop()
+
+
 @pytest.fixture
 def controller_gone(monkeypatch):
     """The controller never polls: the module's own refresh at its start is skipped and the file is old."""
@@ -555,7 +584,7 @@ def test_a_cancelled_stop_says_a_checkpoint_request_was_already_sent(
 
 
 def test_a_stop_whose_controller_went_away_after_sigterm_completes_and_says_so(
-    run_module, trainers, tmp_path, alive, monkeypatch
+    run_module, trainers, tmp_path, alive, monkeypatch, *, controller_looks
 ):
     """The controller is interrupted right after the first SIGTERM: the stop goes on to SIGKILL and records itself."""
     heartbeat = tmp_path / "state" / "session-1.heartbeat"
@@ -563,6 +592,7 @@ def test_a_stop_whose_controller_went_away_after_sigterm_completes_and_says_so(
 
     def commit_then_lose_the_controller(self, what):
         commit_to(self, what)
+        controller_looks.stop()
         os.utime(heartbeat, (1, 1))
 
     monkeypatch.setattr(stop_training.TrainingStop, "commit_to", commit_then_lose_the_controller)
@@ -578,7 +608,30 @@ def test_a_stop_whose_controller_went_away_after_sigterm_completes_and_says_so(
     assert record["msg"] == result["msg"] and record["committed_at"] == result["committed_at"]
 
 
-def test_a_watched_stop_records_itself_on_the_host(run_module, trainers, tmp_path):
+def test_a_checkpoint_that_lands_after_the_controllers_last_look_ends_nothing(
+    run_module, trainers, tmp_path, alive, monkeypatch, *, controller_looks
+):
+    """Ctrl-C while the checkpoint is being written: the heartbeat is still fresh when it lands, but no look comes
+    after it, so the stop cancels (the checkpoint is kept) instead of sending SIGTERM behind the user's back."""
+    request = stop_training.TrainingStop.request_checkpoint
+
+    def request_then_lose_the_controller(self, *args, **kwargs):
+        outcome = request(self, *args, **kwargs)
+        controller_looks.stop()  # the user pressed Ctrl-C: no more looks, the heartbeat ages from now
+        return outcome
+
+    monkeypatch.setattr(stop_training.TrainingStop, "request_checkpoint", request_then_lose_the_controller)
+    popen = trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal", "--ckpt-delay", "0.3"))
+    result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path, heartbeat_timeout=2),
+                                                 cmdline_match=select(trainers), checkpoint=checkpoint_opts(tmp_path)))
+    assert result["failed"] is True and result["cancelled"] is True, result["msg"]
+    assert result["checkpoint"]["path"], "the checkpoint landed before the heartbeat went stale"
+    assert f"The checkpoint it had asked for is complete: {result['checkpoint']['path']}" in result["msg"]
+    assert signals_of(result, popen.pid) == ["SIGUSR1"] and result["committed_at"] is None
+    assert alive(popen.pid)
+
+
+def test_a_watched_stop_records_itself_on_the_host(run_module, trainers, tmp_path, controller_looks):
     trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
     log = tmp_path / "train.log"
     result = run_module(
@@ -642,7 +695,7 @@ def former_state(tmp_path, monkeypatch):
 
 
 def test_the_state_dir_of_the_former_module_name_is_moved_with_its_records(
-    run_module, trainers, tmp_path, former_state
+    run_module, trainers, tmp_path, former_state, controller_looks
 ):
     trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
     result = run_module(stop_training.main, dict(FAST, **supervised(tmp_path), cmdline_match=select(trainers),
@@ -697,7 +750,8 @@ def test_check_mode_names_an_earlier_stop_that_holds_the_host(run_module, traine
     assert json.loads((state / "lock").read_text())["run_id"] == "run-6", "nor anything into the lock"
 
 
-def test_progress_lines_tell_the_checkpoint_wait_and_the_sigterm_wait(run_module, trainers, tmp_path, monkeypatch):
+def test_progress_lines_tell_the_checkpoint_wait_and_the_sigterm_wait(run_module, trainers, tmp_path, monkeypatch,
+                                                                      controller_looks):
     lines = []
     update = stop_training.ProgressFile.update
 
@@ -737,3 +791,37 @@ def test_without_a_marker_a_job_that_dies_while_saving_is_not_trusted(run_module
     assert result["msg"].endswith("Nothing was stopped by this module.")
     assert signals_of(result, popen.pid) == ["SIGUSR1"]
     assert result["checkpoint"]["path"] is None
+
+
+def test_a_trainer_that_dies_with_enospc_while_saving_is_said_to_have_hit_a_full_disk(
+    run_module, trainers, tmp_path
+):
+    """The checkpoint filled the disk: the failure names it, from the trainer's log."""
+    (tmp_path / "ckpt").mkdir()
+    log = tmp_path / "train.log"
+    log.write_text("step 100 loss 2.1\nOSError: [Errno 28] No space left on device: '/x/ckpt/step_101/model.pt'\n")
+    trainers.start("single", "--checkpoint", "signal", "--ckpt-dir", str(tmp_path / "ckpt"), "--die-while-saving")
+    result = run_module(
+        stop_training.main,
+        dict(FAST, cmdline_match=select(trainers), log_file=str(log),
+             checkpoint={"path": str(tmp_path / "ckpt"), "glob": "step_*", "settle_seconds": 0.2, "timeout": 20}),
+    )
+    assert result["failed"] is True
+    said = ("The training log says the disk is full: \"OSError: [Errno 28] No space left on device: "
+            "'/x/ckpt/step_101/model.pt'\". Free space where the checkpoints go (" + str(tmp_path / "ckpt"))
+    assert said in result["msg"], result["msg"]
+    assert " GiB free now) before the next try." in result["msg"]
+
+
+def test_check_mode_measures_whether_the_next_checkpoint_fits(run_module, trainers, tmp_path):
+    trainers.start("single", *trainer_args(tmp_path, "--checkpoint", "signal"))
+    newest = tmp_path / "ckpt" / "step_000200"
+    newest.mkdir()
+    (newest / "model.pt").write_bytes(b"x" * 4096)
+    (newest / "COMPLETE").write_text("done\n")
+    result = run_module(stop_training.main, dict(FAST, cmdline_match=select(trainers),
+                                                 checkpoint=checkpoint_opts(tmp_path)), check_mode=True)
+    space = result["checkpoint_space"]
+    assert space["directory"] == str(tmp_path / "ckpt") and space["newest"] == str(newest)
+    assert space["newest_bytes"] == 4096 + len("done\n") and space["free_bytes"] > 0
+    assert result["signals"] == [], "check mode sends nothing"
