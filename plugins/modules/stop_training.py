@@ -218,7 +218,7 @@ options:
         cancelled: the trigger file is removed, nothing else is sent, the job keeps running, and the task fails with
         RV(cancelled). Once such a signal went out, the stop runs to its end whatever the heartbeat says."
       - Checked at every poll while waiting for the checkpoint or for the host lock. Before the first signal that ends
-        the job the stop waits for the controller to refresh it once more (its next look, a few seconds): a Ctrl-C
+        the job the stop waits for the controller to refresh it once more (its next look, a few seconds); a Ctrl-C
         pressed while the checkpoint was landing leaves the heartbeat fresh for up to O(heartbeat_timeout) but brings
         no further look, so the stop cancels instead of ending the job. Removed when the module ends.
     type: path
@@ -804,8 +804,8 @@ class TrainingStop:
         """What a cancelled stop says of the checkpoint it had asked for."""
         checkpoint = self.result.get("checkpoint") or {}
         if checkpoint.get("path"):
-            return " The checkpoint it had asked for is complete: %s (step %s)." % (checkpoint["path"],
-                                                                                   checkpoint.get("step"))
+            return " The checkpoint it had asked for is complete: %s (step %s)." % (
+                checkpoint["path"], checkpoint.get("step"))
         if self.result["changed"]:
             return " A checkpoint request had been sent; the checkpoint it asked for may still land."
         return ""
