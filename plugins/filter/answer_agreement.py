@@ -28,6 +28,14 @@ options:
     type: list
     elements: str
     required: true
+  skip_unanswered:
+    description:
+      - Leave out the prompts whose reference answer is empty (their C(per_prompt) is null) instead of scoring them.
+        The quality gate compares the answers after a reasoning model's think block (what SGLang's
+        C(--reasoning-parser) splits off); a reference whose thinking did not end within the token limit has no answer
+        to compare with.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -39,7 +47,8 @@ EXAMPLES = r"""
 RETURN = r"""
 _value:
   description:
-    - C(per_prompt) (one ratio per prompt, rounded to 3 places), C(mean), C(identical) (prompts answered alike).
+    - C(per_prompt) (one ratio per prompt, rounded to 3 places; null for a prompt left out), C(mean) (over the judged
+      prompts; null when none was), C(identical) (prompts answered alike), C(judged) (prompts scored).
   type: dict
 """
 
@@ -61,15 +70,20 @@ def _agreement(answer, reference):
     return _common_prefix(answer, reference) / len(reference)
 
 
-def answer_agreement(answers, reference):
+def answer_agreement(answers, reference, skip_unanswered=False):
     if not isinstance(answers, list) or not isinstance(reference, list):
         raise AnsibleFilterError("answer_agreement: both the answers and the reference must be lists")
     if len(answers) != len(reference) or not reference:
         raise AnsibleFilterError("answer_agreement: got %d answers for %d reference answers (need the same, >= 1)"
                                  % (len(answers), len(reference)))
-    ratios = [_agreement(str(a), str(r)) for a, r in zip(answers, reference, strict=True)]
-    return {"per_prompt": [round(r, 3) for r in ratios], "mean": round(sum(ratios) / len(ratios), 3),
-            "identical": sum(1 for a, r in zip(answers, reference, strict=True) if str(a) == str(r))}
+    pairs = [(str(a if a is not None else ""), str(r if r is not None else "")) for a, r in zip(answers, reference,
+                                                                                                 strict=True)]
+    ratios = [None if skip_unanswered and not r else _agreement(a, r) for a, r in pairs]
+    judged = [ratio for ratio in ratios if ratio is not None]
+    return {"per_prompt": [None if r is None else round(r, 3) for r in ratios],
+            "mean": round(sum(judged) / len(judged), 3) if judged else None,
+            "identical": sum(1 for (a, r), ratio in zip(pairs, ratios, strict=True) if ratio is not None and a == r),
+            "judged": len(judged)}
 
 
 class FilterModule:

@@ -77,7 +77,7 @@ def test_lab_inventory_has_the_structure_of_production() -> None:
     lab_only = {"pivot_require_cuda_extension", "pivot_release_wheelhouse", "pivot_release_wheelhouse_lock",
                 "pivot_release_python", "pivot_serving_extra_environment", "pivot_training_log_file",
                 "pivot_training_checkpoint", "pivot_training_resume", "pivot_serving_min_free_disk_gib",
-                "pivot_release_require_gpu"}
+                "pivot_release_require_gpu", "pivot_quality_max_tokens"}
     prod_groups, lab_groups = production["all"]["children"], lab["all"]["children"]
     assert lab_groups.keys() == prod_groups.keys()
     for group, spec in prod_groups.items():

@@ -1,14 +1,16 @@
 """Sends greedy chat requests to a local SGLang-compatible server and prints JSON.
 
 usage: smoke.py [--secrets-file FILE] PORT MODEL MAX_TOKENS COUNT PROMPT [PROMPT...]
-Asks each prompt COUNT times, in order, and prints {"answers": [...], "latency_s": [...]} in that order (the smoke
-check asks one prompt twice; the quality gate asks its prompts once each); exits 1 with a message when a request
-fails.
+Asks each prompt COUNT times, in order, and prints {"answers": [...], "contents": [...], "latency_s": [...]} in that
+order (the smoke check asks one prompt twice; the quality gate asks its prompts once each); exits 1 with a message when
+a request fails.
 
 Reasoning models: the request asks the chat template not to think (``enable_thinking: false``, which Qwen3-style
 templates honour and others ignore), and an answer is the reasoning text (``reasoning_content``, what SGLang's
 ``--reasoning-parser`` splits off) followed by the content, so a think block that did not finish within MAX_TOKENS
-still counts as an answer instead of an empty one.
+still counts as an answer instead of an empty one. ``contents`` holds the content alone, the answer after the think
+block: what the quality gate compares, since two answers that share a long think block and then differ are different
+answers.
 
 The API key, when the server has one, is read from the root-only secrets file the server itself reads
 (``--config FILE``, one ``api-key: KEY`` line): an argument or an environment variable set by Ansible would put it
@@ -45,7 +47,7 @@ def api_key_from(secrets_text: str) -> str:
     raise ValueError("the secrets file has no api-key line")
 
 
-def ask(port: int, model: str, max_tokens: int, prompt: str, api_key: str = "") -> tuple[str, float]:
+def ask(port: int, model: str, max_tokens: int, prompt: str, api_key: str = "") -> tuple[dict, float]:
     body = request_body(model, max_tokens, prompt)
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -56,7 +58,7 @@ def ask(port: int, model: str, max_tokens: int, prompt: str, api_key: str = "") 
     with urllib.request.urlopen(request, timeout=300) as response:
         reply = json.load(response)
     latency = time.monotonic() - started
-    return answer_text(reply["choices"][0]["message"]), latency
+    return reply["choices"][0]["message"], latency
 
 
 def answer_text(message: dict) -> str:
@@ -75,16 +77,17 @@ def main(argv: list[str]) -> int:
             return 1
         argv = argv[2:]
     port, model, max_tokens, count, prompts = int(argv[0]), argv[1], int(argv[2]), int(argv[3]), argv[4:]
-    answers, latencies = [], []
+    answers, contents, latencies = [], [], []
     for prompt in (p for p in prompts for _unused in range(count)):
         try:
-            answer, latency = ask(port, model, max_tokens, prompt, api_key)
+            message, latency = ask(port, model, max_tokens, prompt, api_key)
         except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as error:
             print(f"smoke request failed: {type(error).__name__}: {error}", file=sys.stderr)
             return 1
-        answers.append(answer)
+        answers.append(answer_text(message))
+        contents.append(message.get("content") or "")
         latencies.append(round(latency, 3))
-    print(json.dumps({"answers": answers, "latency_s": latencies}))
+    print(json.dumps({"answers": answers, "contents": contents, "latency_s": latencies}))
     return 0
 
 

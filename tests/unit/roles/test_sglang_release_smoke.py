@@ -86,6 +86,14 @@ def test_reasoning_and_content_together_make_the_answer(serve) -> None:
     assert smoke(server)["answers"][0] == "think. def f(): ..."
 
 
+def test_the_content_after_the_think_block_is_kept_apart_for_the_quality_gate(serve) -> None:
+    """Two answers that share a long think block and then differ are different answers: the gate compares these."""
+    server = serve({"role": "assistant", "content": "def f(): ...", "reasoning_content": "think. " * 30})
+    assert smoke(server)["contents"] == ["def f(): ..."] * 2
+    unfinished = serve({"role": "assistant", "content": None, "reasoning_content": "Okay, the user"})
+    assert smoke(unfinished)["contents"] == ["", ""]
+
+
 def test_a_server_that_answers_nothing_gives_empty_answers(serve) -> None:
     server = serve({"role": "assistant", "content": None})
     assert smoke(server)["answers"] == ["", ""]

@@ -9,6 +9,8 @@ endpoints and ``/metrics``, as in SGLang.
 Lab-only environment: ``DDTREE_LAB_LOAD_DELAY_S`` (sleep before loading, to observe the 503 phase),
 ``DDTREE_LAB_DRAIN_TIMEOUT_S`` (how long SIGTERM waits for in-flight requests, default 30),
 ``DDTREE_LAB_DEFAULT_MAX_TOKENS`` (chat/completions default when ``max_tokens`` is absent, default 256),
+``DDTREE_LAB_FORCED_THINKING`` (with a reasoning parser: text every chat answer thinks first, inside ``<think>``, even
+when the request turns thinking off, its tokens taken from ``max_tokens``: a model that ignores the template's switch),
 ``DDTREE_LAB_TORCH_THREADS`` (default 1), and the GPU registry of the lab's nvidia-smi double
 (``FAKE_NVIDIA_STATE_DIR``, ``FAKE_NVIDIA_GPU_TOTAL_MIB``).
 """
@@ -16,6 +18,7 @@ Lab-only environment: ``DDTREE_LAB_LOAD_DELAY_S`` (sleep before loading, to obse
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -361,8 +364,15 @@ class LabServer:
         thinking = self._thinking(body)
         prompt = chat_prompt(messages) + (thinking_suffix(thinking) if self.args.reasoning_parser else "")
         prompt_ids = self.engine.tokenizer.encode(prompt)
-        result = self.run_generation(prompt_ids, self._openai_sampling(body))
+        forced = os.environ.get("DDTREE_LAB_FORCED_THINKING", "") if self.args.reasoning_parser else ""
+        params = self._openai_sampling(body)
+        if forced:
+            spent = len(self.engine.tokenizer.encode(forced))
+            params = dataclasses.replace(params, max_new_tokens=max(1, params.max_new_tokens - spent))
+        result = self.run_generation(prompt_ids, params)
         text, finish = self.finish_text(result, _stop_strings(body.get("stop")))
+        if forced:
+            text = f"<think>{forced}</think>{text}"
         reasoning = None
         if self.args.reasoning_parser:
             reasoning, text = split_reasoning(text, think_open=thinking)

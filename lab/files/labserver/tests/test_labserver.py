@@ -156,7 +156,8 @@ def request(
         return error.code, error.read()
 
 
-def start_server(tmp_path: Path, extra: list[str], load_delay: float = 0.0) -> Running:
+def start_server(tmp_path: Path, extra: list[str], load_delay: float = 0.0,
+                 environment: dict[str, str] | None = None) -> Running:
     env = {
         **os.environ,
         "PIVOT_LAB_MODEL_ROOT": str(tmp_path / "models"),
@@ -164,6 +165,7 @@ def start_server(tmp_path: Path, extra: list[str], load_delay: float = 0.0) -> R
         "FAKE_NVIDIA_GPU_TOTAL_MIB": "1000",
         "DDTREE_LAB_LOAD_DELAY_S": str(load_delay),
         "DDTREE_BUDGET": "8",
+        **(environment or {}),
     }
     argv = [sys.executable, "-m", "pivot_labserver", "--host", "127.0.0.1", "--port", "0", *extra]
     process = subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
@@ -284,6 +286,27 @@ def test_a_thinking_template_answers_in_reasoning_until_thinking_is_turned_off(d
     answer = json.loads(raw)["choices"][0]["message"]
     assert code == 200 and answer["content"] and answer["reasoning_content"] is None
     assert split_reasoning("plan only, cut off", think_open=True) == ("plan only, cut off", "")
+
+
+def test_a_model_that_thinks_although_asked_not_to_spends_its_tokens_on_it(tmp_path):
+    """DDTREE_LAB_FORCED_THINKING: the lab's stand-in for a reasoning model that ignores enable_thinking false. Its
+    think block comes first, in reasoning_content, and takes its tokens from max_tokens."""
+    argv = shlex.split(PRODUCTION.format(algo="NEXTN").replace("--port 30000 --host 0.0.0.0 ", ""))
+    argv[argv.index("KEY")] = API_KEY
+    running = start_server(tmp_path, argv, environment={"DDTREE_LAB_FORCED_THINKING": "plan the answer"})
+    try:
+        wait_healthy(running)
+        body = {"messages": [{"role": "user", "content": "Write fizzbuzz."}], "temperature": 0, "max_tokens": 64,
+                "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}
+        code, raw = request(running.url("/v1/chat/completions"), body)
+        assert code == 200
+        reply = json.loads(raw)
+        message = reply["choices"][0]["message"]
+        assert message["reasoning_content"] == "plan the answer" and message["content"]
+        assert 0 < reply["usage"]["completion_tokens"] < 64, "the think block's tokens came out of max_tokens"
+    finally:
+        running.process.kill()
+        running.process.wait()
 
 
 def test_native_generate_and_metrics(ddtree_server):

@@ -27,7 +27,7 @@ def test_the_plugins_own_rule_decides(draft: object, budget: object, topk: objec
 
 def test_identical_answers_agree_fully() -> None:
     result = answer_agreement(["def f(): return 1", ""], ["def f(): return 1", ""])
-    assert result == {"per_prompt": [1.0, 1.0], "mean": 1.0, "identical": 2}
+    assert result == {"per_prompt": [1.0, 1.0], "mean": 1.0, "identical": 2, "judged": 2}
 
 
 def test_an_answer_leaving_the_baseline_late_costs_little_and_early_costs_much() -> None:
@@ -67,3 +67,13 @@ def test_a_filter_cuts_a_phase_short_only_with_pivots_own_tags(
 
 def test_a_plays_own_phase_role_counts_when_named() -> None:
     assert partial_run_tags(["all"], ["stand_in_step"], ["stand_in"]) == ["--skip-tags stand_in_step"]
+
+
+def test_answers_are_judged_only_where_the_baseline_answered() -> None:
+    """The quality gate compares the contents after the think block: a baseline whose thinking did not end within the
+    token limit has no answer for that prompt, so it is left out, not scored against."""
+    result = answer_agreement(["abc", "xyz", "def"], ["abc", "", "dXX"], skip_unanswered=True)
+    assert result["per_prompt"] == [1.0, None, 0.333] and result["judged"] == 2 and result["identical"] == 1
+    assert result["mean"] == round((1.0 + 1 / 3) / 2, 3)
+    assert answer_agreement(["a"], [""], skip_unanswered=True) == {"per_prompt": [None], "mean": None,
+                                                                    "identical": 0, "judged": 0}
