@@ -110,6 +110,23 @@ def test_check_hosts_playbook_proves_every_host_and_writes_a_report() -> None:
     assert hosts["pro6000"]["speculative_algorithm"] == "EAGLE"  # SGLang reports NEXTN as EAGLE
 
 
+def test_check_hosts_names_a_missing_nvidia_smi_and_the_variable_that_points_at_it() -> None:
+    """nvidia-smi not where the inventory says: each GPU host's row says so and names pivot_nvidia_smi_path, the
+    variable that reaches every nvidia-smi Pivot runs (it used to print a raw rc 2 and write no report)."""
+    report = labctl.REPO / "artifacts" / "check-hosts.json"
+    report.unlink(missing_ok=True)
+    result = labctl.run(["ansible-playbook", str(labctl.REPO / "playbooks/check_hosts.yml"),
+                         "-e", "pivot_nvidia_smi_path=/opt/nowhere/nvidia-smi"], timeout=300)
+    assert result.rc == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    hosts = json.loads(report.read_text())
+    for host in ("ct200", "pro6000"):
+        assert "gpus" not in hosts[host], hosts[host]
+        assert hosts[host]["gpu_error"].startswith("/opt/nowhere/nvidia-smi was not found on this host"), hosts[host]
+        assert "set pivot_nvidia_smi_path in the inventory" in hosts[host]["gpu_error"]
+    markdown = (labctl.REPO / "artifacts" / "check-hosts.md").read_text()
+    assert "**/opt/nowhere/nvidia-smi was not found on this host" in markdown
+
+
 def _serving_json(path: str) -> dict:
     result = labctl.ansible_adhoc("pro6000", "ansible.builtin.slurp", f"src={path}")
     assert not result.get("failed"), result

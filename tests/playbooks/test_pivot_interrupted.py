@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import labctl
 import pivotlab
 import pytest
 import stopwatch
@@ -112,6 +114,8 @@ def test_rerun_after_the_kill_converges(interruption: Interruption) -> None:
     training_checks = {c["name"]: c for c in run.phase("preflight", "ct200")["findings"]["checks"]}
     assert "already gone" in training_checks["training_job"]["detail"]
     assert run.phase("stop_training")["findings"]["result"].startswith("No process of the job is running")
+    markdown = Path(run.report["report"]).read_text()
+    assert "| checkpoint | - (step -) |" in markdown and "(step )" not in markdown, "a stop that found no job"
     switch = run.phase("sglang_release")["findings"]
     assert switch["switched"] is True and switch["algorithm"] == "DDTREE" and switch["draft_tokens"] == 16
 
@@ -120,6 +124,39 @@ def test_rerun_after_the_kill_converges(interruption: Interruption) -> None:
     assert training.checkpoints == interruption.training_after_kill.checkpoints
     assert serving.current == pivotlab.DDTREE and serving.active and serving.algorithm == "DDTREE"
     assert training.lock is None and serving.lock is None, "the re-run released the locks it took over"
+
+
+# --- a serving host lost in the middle of a switch ------------------------------------------------------------------
+
+# How long pro6000 takes no SSH connection (its sshd stopped, every session ended: as a network partition would) once
+# the release has stopped: longer than the rest of the run, so its closing check cannot reach the host either.
+OUTAGE_S = 60
+
+
+def test_a_serving_host_lost_in_the_middle_of_a_switch_is_never_reported_ok() -> None:
+    """rollback_nextn.yml from the DDTree release the re-run above left serving: right after the release stopped, the
+    serving host becomes unreachable. No phase records the switch's end, the closing check from the controller cannot
+    reach the host: the run ends INCOMPLETE (it used to end "OK: ..."), says what it could not check, and fails."""
+    assert pivotlab.serving_state().algorithm == "DDTREE", "the re-run above leaves the DDTree release serving"
+    run = pivotlab.BackgroundRun.start("rollback_nextn.yml")
+    try:
+        run.wait_for_line(SERVER_STOPPED, timeout=300)
+        outage = labctl.ssh("pro6000", "systemd-run --quiet --on-active=1 sh -c 'systemctl stop ssh.service; "
+                                       "pkill -f \"^sshd: \"' && systemd-run --quiet "
+                                       f"--on-active={OUTAGE_S} systemctl start ssh.service")
+        assert outage.rc == 0, outage.stderr
+        run.wait_for_line(r"^PLAY RECAP", timeout=OUTAGE_S + 240)
+    finally:
+        run.kill()
+    assert run.process.returncode != 0, run.output[-3000:]
+    assert "UNREACHABLE!" in run.output, run.output[-3000:]
+    report = json.loads((pivotlab.ARTIFACTS / "rollback_nextn-latest.json").read_text())
+    assert report["status"] == "incomplete" and report["finished"], report["result"]
+    assert report["result"].startswith("INCOMPLETE: no switch was recorded on pro6000 (the host was lost or the run "
+                                       "stopped before it); what pro6000 serves could not be checked"), report["result"]
+    assert report["served"]["pro6000"]["reachable"] is False
+    assert "INCOMPLETE: no switch was recorded on pro6000" in run.output, "the run's last message says so"
+    stopwatch.wait_until(lambda: labctl.ssh("pro6000", "true").rc == 0, OUTAGE_S + 60, "pro6000 reachable again")
 
 
 # --- Ctrl-C during the training stop -----------------------------------------------------------------------------
