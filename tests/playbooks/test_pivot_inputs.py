@@ -61,6 +61,28 @@ def test_bad_input_fails_in_phase_0_and_touches_nothing(
     assert after_training.lock is None and after_serving.lock is None
 
 
+def test_a_training_container_that_does_not_run_is_named_before_anything_is_touched(
+    training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """ct200 is reached through its Proxmox node: a container that does not run (here a container id the node does
+    not have) used to end in "Failed to create temporary directory" and a traceback; the node is asked first."""
+    job = training()
+
+    run = pivotlab.run_playbook("pivot.yml", "proxmox_vmid=999")
+
+    assert run.rc != 0, run.summary()
+    assert "ct200 is Proxmox container 999 on the node" in run.message, run.summary()
+    assert "and it does not run: `pct status 999` there says" in run.message, run.summary()
+    assert "'nodes/pve/lxc/999.conf' does not exist" in run.message, run.summary()
+    assert "Start it (`pct start 999` on the node) or correct proxmox_vmid" in run.message, run.summary()
+    assert "Failed to create temporary directory" not in run.stderr + json.dumps(run.result)
+    assert run.report is None, "refused before any phase"
+    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
+    pivotlab.assert_training_untouched(job, after_training)
+    pivotlab.assert_serving_untouched(baseline, after_serving)
+    assert after_training.lock is None and after_serving.lock is None
+
+
 @pytest.mark.parametrize(("playbook", "limit"), [
     ("pivot.yml", "pro6000"), ("pivot.yml", "localhost,pro6000"), ("rollback_nextn.yml", "pro6000"),
 ])
