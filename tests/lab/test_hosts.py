@@ -127,6 +127,21 @@ def test_check_hosts_names_a_missing_nvidia_smi_and_the_variable_that_points_at_
     assert "**/opt/nowhere/nvidia-smi was not found on this host" in markdown
 
 
+def test_check_hosts_reports_a_host_it_cannot_reach_instead_of_a_traceback() -> None:
+    """ct200 behind its Proxmox node, as a container the node does not have: the run says the host was unreachable
+    and still writes the report, with that host marked not reached (it used to end in a traceback, no report)."""
+    report = labctl.REPO / "artifacts" / "check-hosts.json"
+    report.unlink(missing_ok=True)
+    result = labctl.run(["ansible-playbook", str(labctl.REPO / "playbooks/check_hosts.yml"),
+                         "-e", "proxmox_vmid=999"], timeout=300)
+    assert result.rc != 0, "an unreachable host is not a clean check"
+    assert "HostVarsVars" not in result.stdout + result.stderr and "Traceback" not in result.stdout + result.stderr
+    hosts = json.loads(report.read_text())
+    assert hosts["ct200"] == {"reachable": False}, hosts["ct200"]
+    assert hosts["pro6000"]["sglang_unit"] == "active" and len(hosts["pro6000"]["gpus"]) == 2
+    assert "| ct200 | **not reached**" in (labctl.REPO / "artifacts" / "check-hosts.md").read_text()
+
+
 def _serving_json(path: str) -> dict:
     result = labctl.ansible_adhoc("pro6000", "ansible.builtin.slurp", f"src={path}")
     assert not result.get("failed"), result
