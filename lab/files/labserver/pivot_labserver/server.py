@@ -6,7 +6,8 @@ Endpoints: ``/health`` (200 when ready, 503 while loading or draining), ``/healt
 ``--enable-metrics``). ``--api-key`` requires ``Authorization: Bearer <key>`` everywhere except the health
 endpoints and ``/metrics``, as in SGLang.
 
-Lab-only environment: ``DDTREE_LAB_LOAD_DELAY_S`` (sleep before loading, to observe the 503 phase),
+Lab-only environment: ``DDTREE_LAB_LOAD_DELAY_S`` (sleep before loading, to observe the 503 phase; ``/etc/pivot-lab/load-delay-s.<ALGORITHM>``
+does the same for the servers of one speculative algorithm on a host),
 ``DDTREE_LAB_DRAIN_TIMEOUT_S`` (how long SIGTERM waits for in-flight requests, default 30),
 ``DDTREE_LAB_DEFAULT_MAX_TOKENS`` (chat/completions default when ``max_tokens`` is absent, default 256),
 ``DDTREE_LAB_FORCED_THINKING`` (with a reasoning parser: text every chat answer thinks first, inside ``<think>``, even
@@ -127,6 +128,20 @@ def split_reasoning(text: str, think_open: bool = False) -> tuple[str | None, st
     return reasoning.replace("<think>", "").strip(), content.strip()
 
 
+LOAD_DELAY_DIR = Path("/etc/pivot-lab")
+
+
+def load_delay(algorithm: str | None, directory: Path = LOAD_DELAY_DIR) -> float:
+    """Seconds to sleep before loading: ``DDTREE_LAB_LOAD_DELAY_S``, or the host's ``load-delay-s.<ALGORITHM>`` file
+    (lab-only: a test makes one kind of server as slow to start as a large model, without touching its unit)."""
+    from_env = float(os.environ.get("DDTREE_LAB_LOAD_DELAY_S", "0") or 0)
+    try:
+        from_file = float((directory / f"load-delay-s.{(algorithm or 'NONE').upper()}").read_text().strip() or 0)
+    except (OSError, ValueError):
+        from_file = 0.0
+    return max(from_env, from_file)
+
+
 class LabServer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -153,7 +168,7 @@ class LabServer:
         try:
             log.info("loading model %s", self.args.model_path)
             self.gpu.take()
-            delay = float(os.environ.get("DDTREE_LAB_LOAD_DELAY_S", "0") or 0)
+            delay = load_delay(self.args.speculative_algorithm)
             if delay > 0:
                 self.stop.wait(delay)
             self.engine.load()

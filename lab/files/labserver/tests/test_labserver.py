@@ -24,7 +24,7 @@ from ddtree_runtime.tokenizer import ByteTokenizer, chat_prompt
 from pivot_labserver.cli import TreeKnobs, parse_args, tree_knobs_from_env
 from pivot_labserver.engine import plan_decoding
 from pivot_labserver.models import resolve_drafter_dir, resolve_target_dir
-from pivot_labserver.server import proc_starttime, split_reasoning
+from pivot_labserver.server import load_delay, proc_starttime, split_reasoning
 
 PRODUCTION = (
     "--model-path /root/models/Qwen3.6-27B --port 30000 --host 0.0.0.0 --tp-size 2 --mem-fraction-static 0.88 "
@@ -407,3 +407,12 @@ def test_server_path_works_without_transformers(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "5"
+
+
+def test_a_host_can_make_one_kind_of_server_slow_to_start(tmp_path, monkeypatch):
+    """load-delay-s.<ALGORITHM> on the host: the NEXTN baseline as slow to start as a large model, the release not."""
+    monkeypatch.delenv("DDTREE_LAB_LOAD_DELAY_S", raising=False)
+    (tmp_path / "load-delay-s.NEXTN").write_text("30\n")
+    assert load_delay("NEXTN", tmp_path) == 30.0 and load_delay("DDTREE", tmp_path) == 0.0
+    monkeypatch.setenv("DDTREE_LAB_LOAD_DELAY_S", "2")
+    assert load_delay(None, tmp_path) == 2.0 and load_delay("nextn", tmp_path) == 30.0
