@@ -19,7 +19,10 @@ Run on the serving host before the service is switched (the Ansible role does). 
 - ``sglang_server``: with SGLang and a GPU at least half free, a short real start of stock ``sglang.launch_server``
   with ``--speculative-algorithm DDTREE`` on a small random pair, one greedy request, stopped by PID
   (:mod:`ddtree_runtime.acceptance.smoke`; ``--no-server-start`` skips it; a GPU a server holds, or no GPU at all, is
-  reported as "not run").
+  reported as skipped).
+
+A check that did not run here (nothing to run it on, and not required) is printed as ``skipped <name>: <why>``
+(``"skipped": true`` in the JSON), never as ``ok``.
 
 The release venv's role passes ``--require-gpu`` on a host where ``nvidia-smi`` lists GPUs and
 ``--require-cuda-extension`` when it built the extension: a venv whose torch cannot reach the host's GPUs would
@@ -42,9 +45,17 @@ from ddtree_runtime import __version__
 
 @dataclass
 class Check:
+    """One check's outcome. ``skipped``: it did not run here (what it needs is missing and not required); it does not
+    fail the self-check, and it is printed as ``skipped``, never as ``ok``."""
+
     name: str
     ok: bool
     detail: str
+    skipped: bool = False
+
+
+def skipped(name: str, why: str) -> Check:
+    return Check(name, True, why, skipped=True)
 
 
 def check_torch() -> Check:
@@ -81,13 +92,16 @@ def check_gpu(required: bool = False) -> Check:
 
 def check_cuda_extension(required: bool = False) -> Check:
     if importlib.util.find_spec("ddtree_runtime.ops") is None:
-        return Check("cuda_extension", not required, "not part of this build: the PyTorch path is used")
+        why = "not part of this build: the PyTorch path is used"
+        return Check("cuda_extension", False, why) if required else skipped("cuda_extension", why)
     from ddtree_runtime import ops  # noqa: PLC0415 - optional module
 
     if not ops.extension_available():
-        return Check("cuda_extension", not required, f"not built: PyTorch path ({ops.extension_error()})")
+        why = f"not built: PyTorch path ({ops.extension_error()})"
+        return Check("cuda_extension", False, why) if required else skipped("cuda_extension", why)
     if not torch.cuda.is_available():
-        return Check("cuda_extension", not required, "compiled kernels loaded; no GPU to run them on")
+        why = "compiled kernels loaded; no GPU to run them on"
+        return Check("cuda_extension", False, why) if required else skipped("cuda_extension", why)
     problems = ops.compare_with_reference(torch.device("cuda"))
     if problems:
         return Check("cuda_extension", False, "kernels differ from the PyTorch reference: " + "; ".join(problems))
@@ -169,11 +183,11 @@ def check_sglang_server(python: str = sys.executable) -> Check | None:
     if importlib.util.find_spec("sglang") is None:
         return None
     if not torch.cuda.is_available():
-        return Check("sglang_server", True, "not run: no GPU visible to torch")
+        return skipped("sglang_server", "no GPU visible to torch")
     free, total = torch.cuda.mem_get_info()
     if free < SERVER_START_MIN_FREE * total:
-        return Check("sglang_server", True, f"not run: the GPU has {free / 2**30:.1f} of {total / 2**30:.1f} GiB "
-                     "free (a server holds it); run the check again once the GPU is free")
+        return skipped("sglang_server", f"the GPU has {free / 2**30:.1f} of {total / 2**30:.1f} GiB free (a server "
+                       "holds it); run the check again once the GPU is free")
     from ddtree_runtime.acceptance.smoke import ddtree_start  # noqa: PLC0415 - starts SGLang
 
     result = ddtree_start(python)
@@ -203,6 +217,12 @@ def run_checks(require_sglang_plugin: bool, server_start: bool = True, require_g
     return results
 
 
+def status_word(result: Check) -> str:
+    if result.skipped:
+        return "skipped"
+    return "ok" if result.ok else "FAIL"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree_runtime.check", description="Self-check of ddtree_runtime.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
@@ -221,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"ok": ok, "checks": [asdict(result) for result in results]}))
     else:
         for result in results:
-            print(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
+            print(f"{status_word(result)} {result.name}: {result.detail}")
     return 0 if ok else 1
 
 

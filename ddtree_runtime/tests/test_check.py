@@ -59,14 +59,26 @@ def test_a_check_that_raises_is_reported_under_its_own_name(monkeypatch: pytest.
 
 
 @no_gpu
-def test_the_server_start_is_reported_as_not_run_when_sglang_is_here_but_no_gpu(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_server_start_is_reported_as_skipped_when_sglang_is_here_but_no_gpu(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     real_find_spec = check.importlib.util.find_spec
     monkeypatch.setattr(check.importlib.util, "find_spec",
                         lambda name: object() if name == "sglang" else real_find_spec(name))
     result = check.check_sglang_server()
-    assert result is not None and result.ok
-    assert result.detail == "not run: no GPU visible to torch"
+    assert result is not None and result.ok and result.skipped
+    assert result.detail == "no GPU visible to torch"
+    monkeypatch.setattr(check, "run_checks", lambda *args, **kwargs: [result, check.check_torch()])
+    assert check.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "skipped sglang_server: no GPU visible to torch", "a check that did not run is never 'ok'"
+    assert lines[1].startswith("ok torch: torch ")
+
+
+@no_gpu
+def test_kernels_without_a_gpu_are_skipped_unless_required() -> None:
+    assert check.check_cuda_extension().skipped
+    required = check.check_cuda_extension(required=True)
+    assert not required.ok and not required.skipped
 
 
 @with_gpu
