@@ -37,6 +37,20 @@ def placeholders(value: Any) -> list[str]:
     return []
 
 
+# How Ansible reaches a host: set per host in the inventory's hosts.yml, where the production example leaves
+# <PLACEHOLDER>s too.
+CONNECTION_VARIABLES = ("ansible_host", "ansible_port", "ansible_user", "ansible_private_key_file",
+                        "ansible_ssh_private_key_file", "ansible_ssh_common_args", "proxmox_vmid")
+
+
+def connection_placeholders(host_vars: Mapping[str, Any]) -> list[Problem]:
+    """A connection variable that still holds a placeholder: the host could not be reached (a paramiko traceback)."""
+    host = host_vars.get("inventory_hostname", "the host")
+    return [f"{host}'s {name} still holds the placeholder {', '.join(placeholders(host_vars.get(name)))}: replace it "
+            "in the inventory's hosts.yml"
+            for name in CONNECTION_VARIABLES if placeholders(host_vars.get(name))]
+
+
 def _integer(value: Any) -> int | None:
     text = str(value).strip()
     return int(text) if re.fullmatch(r"[0-9]+", text) else None
@@ -194,11 +208,13 @@ RESUME_RULES: tuple[Callable[[Mapping[str, Any]], Problem], ...] = (
 
 
 def input_problems(serving: Mapping[str, Any], training: Mapping[str, Any]) -> list[str]:
-    found: list[Problem] = [rule(serving) for rule in SERVING_RULES] + serving_paths(serving)
+    found: list[Problem] = connection_placeholders(serving) + connection_placeholders(training)
+    found += [rule(serving) for rule in SERVING_RULES] + serving_paths(serving)
     found += [rule(training) for rule in TRAINING_RULES]
     return [problem for problem in found if problem]
 
 
 def resume_input_problems(training: Mapping[str, Any]) -> list[str]:
-    found: list[Problem] = [rule(training) for rule in RESUME_RULES] + resume_settings(training)
+    found: list[Problem] = connection_placeholders(training)
+    found += [rule(training) for rule in RESUME_RULES] + resume_settings(training)
     return [problem for problem in found if problem]

@@ -89,6 +89,33 @@ def test_two_bad_tree_settings_are_both_named() -> None:
     assert "DDTREE_BUDGET must be a positive integer, got 0" in problem
 
 
+def production_host(group: str, host: str) -> dict[str, Any]:
+    with open(f"{REPO}/inventory/production/hosts.yml") as handle:
+        hosts = yaml.safe_load(handle)["all"]["children"][group]["hosts"]
+    return {"inventory_hostname": host, **hosts[host]}
+
+
+def test_a_placeholder_left_in_hosts_yml_is_named_before_any_host_is_reached() -> None:
+    """The production example's addresses and key paths: without this, phase 1 ends in paramiko's traceback."""
+    problems = input_problems({**serving(), **production_host("serving", "pro6000")},
+                              {**training(), **production_host("training", "ct200")})
+    assert ("pro6000's ansible_host still holds the placeholder <LLM_TWO_ADDRESS>: replace it in the inventory's "
+            "hosts.yml") in problems
+    assert "pro6000's ansible_ssh_private_key_file still holds the placeholder <PATH_TO_PRIVATE_KEY>" in " ".join(
+        problems)
+    assert "ct200's ansible_host still holds the placeholder <PROXMOX_NODE_ADDRESS>" in " ".join(problems)
+    assert "ct200's ansible_private_key_file still holds the placeholder <PATH_TO_PRIVATE_KEY>" in " ".join(problems)
+    assert len(problems) == 4, problems
+    filled = {"ansible_host": "10.0.0.5", "ansible_ssh_private_key_file": "/root/.ssh/id_ed25519"}
+    assert input_problems({**serving(), **production_host("serving", "pro6000"), **filled},
+                          {**training(), "inventory_hostname": "ct200"}) == []
+    assert resume_input_problems({**training(), **production_host("training", "ct200")})[:2] == [
+        "ct200's ansible_host still holds the placeholder <PROXMOX_NODE_ADDRESS>: replace it in the inventory's "
+        "hosts.yml",
+        "ct200's ansible_private_key_file still holds the placeholder <PATH_TO_PRIVATE_KEY>: replace it in the "
+        "inventory's hosts.yml"]
+
+
 def test_every_problem_is_listed_at_once() -> None:
     problems = input_problems(serving(pivot_serving_port="0", pivot_ddtree_draft_tokens="1"),
                               training(pivot_training_job={}))
