@@ -130,7 +130,7 @@ def test_rerun_after_the_kill_converges(interruption: Interruption) -> None:
 
 # How long pro6000 takes no SSH connection (its sshd stopped, every session ended: as a network partition would) once
 # the release has stopped: longer than the rest of the run, so its closing check cannot reach the host either.
-OUTAGE_S = 60
+OUTAGE_S = 30
 
 
 def test_a_serving_host_lost_in_the_middle_of_a_switch_is_never_reported_ok() -> None:
