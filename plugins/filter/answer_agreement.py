@@ -76,8 +76,8 @@ def answer_agreement(answers, reference, skip_unanswered=False):
     if len(answers) != len(reference) or not reference:
         raise AnsibleFilterError("answer_agreement: got %d answers for %d reference answers (need the same, >= 1)"
                                  % (len(answers), len(reference)))
-    pairs = [(str(a if a is not None else ""), str(r if r is not None else "")) for a, r in zip(answers, reference,
-                                                                                                 strict=True)]
+    pairs = [(str(a if a is not None else ""), str(r if r is not None else ""))
+             for a, r in zip(answers, reference, strict=True)]
     ratios = [None if skip_unanswered and not r else _agreement(a, r) for a, r in pairs]
     judged = [ratio for ratio in ratios if ratio is not None]
     return {"per_prompt": [None if r is None else round(r, 3) for r in ratios],

@@ -6,8 +6,8 @@ Endpoints: ``/health`` (200 when ready, 503 while loading or draining), ``/healt
 ``--enable-metrics``). ``--api-key`` requires ``Authorization: Bearer <key>`` everywhere except the health
 endpoints and ``/metrics``, as in SGLang.
 
-Lab-only environment: ``DDTREE_LAB_LOAD_DELAY_S`` (sleep before loading, to observe the 503 phase; ``/etc/pivot-lab/load-delay-s.<ALGORITHM>``
-does the same for the servers of one speculative algorithm on a host),
+Lab-only environment: ``DDTREE_LAB_LOAD_DELAY_S`` (sleep before loading, to observe the 503 phase;
+``/etc/pivot-lab/load-delay-s.<ALGORITHM>`` does the same for the servers of one speculative algorithm on a host),
 ``DDTREE_LAB_DRAIN_TIMEOUT_S`` (how long SIGTERM waits for in-flight requests, default 30),
 ``DDTREE_LAB_DEFAULT_MAX_TOKENS`` (chat/completions default when ``max_tokens`` is absent, default 256),
 ``DDTREE_LAB_FORCED_THINKING`` (with a reasoning parser: text every chat answer thinks first, inside ``<think>``, even

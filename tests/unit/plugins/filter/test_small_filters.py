@@ -75,5 +75,5 @@ def test_answers_are_judged_only_where_the_baseline_answered() -> None:
     result = answer_agreement(["abc", "xyz", "def"], ["abc", "", "dXX"], skip_unanswered=True)
     assert result["per_prompt"] == [1.0, None, 0.333] and result["judged"] == 2 and result["identical"] == 1
     assert result["mean"] == round((1.0 + 1 / 3) / 2, 3)
-    assert answer_agreement(["a"], [""], skip_unanswered=True) == {"per_prompt": [None], "mean": None,
-                                                                    "identical": 0, "judged": 0}
+    unanswered = {"per_prompt": [None], "mean": None, "identical": 0, "judged": 0}
+    assert answer_agreement(["a"], [""], skip_unanswered=True) == unanswered
