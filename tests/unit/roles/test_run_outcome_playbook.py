@@ -85,7 +85,7 @@ def switched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_a_forced_stop_is_in_the_reports_result_not_a_plain_ok(switched: dict[str, Any]) -> None:
     report = switched["report"]
-    assert report["status"] == "ok"
+    assert report["status"] == "ok" and report["finished"] and report["schema_version"] == 2
     assert report["result"] == f"OK: switched to ddtree-x; {LOST_SENTENCE}"
     assert report["work_lost"] == LOST_SENTENCE
     assert f"**Result: OK: switched to ddtree-x; {LOST_SENTENCE}**" in switched["markdown"]

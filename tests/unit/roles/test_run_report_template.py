@@ -157,3 +157,39 @@ def test_a_rerun_whose_stop_found_no_job_has_no_empty_step() -> None:
     text = render([stop_phase({"result": "No process of the job is running", "checkpoint_path": None,
                                "checkpoint_step": ""})])
     assert "(step )" not in text and "| checkpoint | - (step -) |" in text
+
+
+def test_every_table_of_a_full_report_renders_as_a_table() -> None:
+    """The Markdown renders with a CommonMark renderer (markdown-it-py, GFM tables): each block of `|` lines is one
+    table, and every row has as many cells as its header (a row with more would lose its last cells unseen)."""
+    from markdown_it import MarkdownIt  # noqa: PLC0415 - only this test renders
+
+    checks = [{"name": "gpu_count", "ok": True, "detail": "8 GPUs | all visible"},
+              {"name": "free_disk", "ok": False, "detail": "3 GiB free"}]
+    phases = [
+        {"phase": "preflight", "host": "ct200", "status": "ok", "seconds": 1.0, "started": 0,
+         "findings": {"side": "training", "checks": checks, "gpu_used_mib": [61449]}},
+        {"phase": "preflight", "host": "pro6000", "status": "ok", "seconds": 1.0, "started": 0,
+         "findings": {"side": "serving", "checks": checks}},
+        stop_phase({"work_lost": None, "checkpoint_path": "/c/step_9", "checkpoint_step": 9}),
+        {"phase": "gpu_release", "host": "ct200", "status": "ok", "seconds": 3.0, "started": 2,
+         "findings": {"used_mib_before": [4096], "used_mib_after": [0]}},
+        {"phase": "sglang_release", "host": "pro6000", "status": "ok", "seconds": 90.0, "started": 3,
+         "findings": {"release": "ddtree-d16-b64-k8", "switched": True, "algorithm": "DDTREE", "accept_length": 4.2,
+                      "quality": {"mean": 0.97, "identical": 3, "per_prompt": [1, 1, 1, 0.88]}}},
+    ]
+    served = {"pro6000": {"reachable": True, "active_state": "active", "release": "ddtree-d16-b64-k8", "healthy": True,
+                          "algorithm": "DDTREE"}}
+    text = render(phases, served=served)
+    blocks: list[list[str]] = []
+    for line, previous in zip(text.splitlines(), ["", *text.splitlines()], strict=False):
+        if line.startswith("|"):
+            if previous.startswith("|"):
+                blocks[-1].append(line)
+            else:
+                blocks.append([line])
+    tables = sum(1 for token in MarkdownIt("commonmark").enable("table").parse(text) if token.type == "table_open")
+    assert tables == len(blocks) == 5, (tables, len(blocks))  # served, summary, phases, two preflight check tables
+    for block in blocks:
+        cells = {line.replace("\\|", "").count("|") for line in block}
+        assert len(cells) == 1, block
