@@ -7,9 +7,10 @@
 A report written while the run goes on is ``running`` until a phase fails (which ends the run): a run that is
 interrupted (Ctrl-C twice, ``kill -9``, a lost controller) or that loses a host leaves that report behind, and it never
 reads OK. The closing write (``finished``) judges the run by its records and by what the closing check saw on each
-serving host (``served``): the unit systemd runs, its health and the release ``current`` points at. A run is ``failed`` when any phase failed or the server is not
-what the run says it left (down, another release); ``incomplete`` when a serving host could not be checked or no switch
-was recorded on a host that should have one; ``ok`` otherwise.
+serving host (``served``): the unit systemd runs, its health and the release ``current`` points at. A run is
+``failed`` when any phase failed or the server is not what the run says it left (down, another release);
+``incomplete`` when a serving host could not be checked or no switch was recorded on a host that should have one; ``ok``
+otherwise.
 
 Its result says what the server ended on (switched; rolled back and serving again; or, loudly, down with the command
 that brings the baseline back), that a release serves without its quality gate having run (no baseline answers to
