@@ -91,6 +91,16 @@ def test_summary_attributes_gpu_time_to_the_stage_that_launched_it() -> None:
     assert summary["gpu_idle_share"] == pytest.approx(250 / 1990, abs=1e-4)
 
 
+def test_host_waits_for_the_gpu_are_counted_per_round_in_the_stage_that_waited() -> None:
+    events = two_rounds()
+    # round 1: the accept stage reads the device (a blocking copy), the scheduler synchronizes outside every range
+    events += [stage("accept", 100, 5), launch(101, 50, "cudaMemcpy"), launch(600, 51, "cudaStreamSynchronize"),
+               launch(1600, 52, "cudaStreamSynchronize"), launch(1601, 53, "cudaMemcpyAsync")]
+    summary = summarize(events, rounds=2)
+    assert summary["host_waits_per_round_by_stage"] == {"accept": 0.5, "other": 1.0}
+    assert summarize(two_rounds(), rounds=2)["host_waits_per_round_by_stage"] == {}
+
+
 def test_overlapping_gpu_work_counts_once_and_bad_input_is_refused(tmp_path: Path) -> None:
     assert busy_time([Interval(0, 10), Interval(5, 12), Interval(20, 21), Interval(1, 3)]) == 13
     with pytest.raises(ValueError, match="no GPU events"):

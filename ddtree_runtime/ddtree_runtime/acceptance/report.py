@@ -81,16 +81,20 @@ def round_profile_markdown(profiles: dict[str, dict[str, Any]]) -> list[str]:
              "rounds of one greedy request on the round-cost servers; GPU ms per round by the stage that launched "
              "the work (the DDTree worker's `ddtree.<stage>` ranges; `other`: the scheduler, or a stock worker "
              "without ranges), in CUDA graphs, and idle (the window between the first and the last GPU event "
-             "less the union of GPU events).", "",
+             "less the union of GPU events). Host waits: the calls per round with which a thread waited for the GPU "
+             "(a synchronize or a blocking copy), in the worker's stages and elsewhere (`other`).", "",
              "| server | window ms | busy ms | idle ms | idle share | in graphs ms | "
-             + " | ".join(stages) + " |",
-             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(stages)]
+             + " | ".join(stages) + " | host waits, stages | host waits, other |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * (len(stages) + 2)]
     for name, p in profiles.items():
         by_stage = p.get("gpu_ms_per_round_by_stage", {})
+        waits = p.get("host_waits_per_round_by_stage", {})
+        in_stages = sum(count for stage, count in waits.items() if stage != "other")
         lines.append(f"| {name} | {_figure(p.get('window_ms_per_round'))} | {_figure(p.get('gpu_busy_ms_per_round'))} "
                      f"| {_figure(p.get('gpu_idle_ms_per_round'))} | {_figure(p.get('gpu_idle_share'))} | "
                      f"{_figure(p.get('gpu_ms_per_round_in_cuda_graphs'))} | "
-                     + " | ".join(_figure(by_stage.get(stage)) for stage in stages) + " |")
+                     + " | ".join(_figure(by_stage.get(stage)) for stage in stages)
+                     + f" | {_figure(in_stages)} | {_figure(waits.get('other', 0))} |")
     return lines
 
 

@@ -31,6 +31,9 @@ from ddtree_runtime.sglang.round_stages import RANGE_PREFIX
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+HOST_WAITS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                        "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2"})
+"""Runtime calls that make the launching thread wait for the GPU (a blocking copy or an explicit synchronize)."""
 OTHER = "other"
 
 
@@ -84,7 +87,8 @@ def _stage_of(launch: Mapping[str, Any] | None, ranges: Sequence[StageRange]) ->
 
 
 def summarize(events: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any]:
-    """Per-round GPU time by stage, in and out of CUDA graphs, and the GPU's idle time, in milliseconds.
+    """Per-round GPU time by stage, in and out of CUDA graphs, and the GPU's idle time, in milliseconds; and how
+    often a round's host thread waits for the GPU (:data:`HOST_WAITS`) in each stage.
 
     Raises ValueError when the trace holds no GPU work or ``rounds`` is not positive.
     """
@@ -108,6 +112,11 @@ def summarize(events: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any
         by_stage[stage] = by_stage.get(stage, 0.0) + duration
         if launch is not None and launch.get("name") in GRAPH_LAUNCHES:
             in_graphs += duration
+    waits: dict[str, int] = {}
+    for call in _complete(events, LAUNCH_CATEGORIES):
+        if call.get("name") in HOST_WAITS:
+            stage = _stage_of(call, ranges)
+            waits[stage] = waits.get(stage, 0) + 1
     window = max(i.end for i in intervals) - min(i.start for i in intervals)
     busy = busy_time(intervals)
     per_round_ms = 1e-3 / rounds  # trace times are microseconds
@@ -124,6 +133,7 @@ def summarize(events: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any
         "gpu_ms_per_round_by_stage": {stage: ms(total) for stage, total in sorted(by_stage.items())},
         "gpu_ms_per_round_in_cuda_graphs": ms(in_graphs),
         "gpu_ms_per_round_outside_graphs": ms(sum(by_stage.values()) - in_graphs),
+        "host_waits_per_round_by_stage": {stage: round(count / rounds, 3) for stage, count in sorted(waits.items())},
         "gpu_events": len(gpu),
         "stage_ranges": len(ranges),
     }
