@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 import torch
 from ddtree_runtime.acceptance.launch import ServerError
-from ddtree_runtime.acceptance.round_trace import Interval, busy_time, load_trace, summarize, wait_until_written
+from ddtree_runtime.acceptance.round_trace import (
+    Interval,
+    busy_time,
+    kernel_table,
+    load_trace,
+    main,
+    summarize,
+    wait_until_written,
+)
 from ddtree_runtime.sglang.round_stages import ROUND_STAGES, RoundStages
 
 
@@ -99,6 +107,28 @@ def test_host_waits_for_the_gpu_are_counted_per_round_in_the_stage_that_waited()
     summary = summarize(events, rounds=2)
     assert summary["host_waits_per_round_by_stage"] == {"accept": 0.5, "other": 1.0}
     assert summarize(two_rounds(), rounds=2)["host_waits_per_round_by_stage"] == {}
+
+
+def test_the_kernel_table_splits_graph_replays_by_size_and_eager_work_by_stage(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    events = [*two_rounds(), launch(3000, 77, "cudaGraphLaunch"), kernel(3010, 20, 77, name="tiny")]
+    table = kernel_table(events, rounds=2)
+    # replays of 300 and 400 us are "large" (above half the largest), the 20 us one "small"
+    assert table["graphs"]["large"]["us_per_round"] == 700.0
+    assert table["graphs"]["large"]["launches_per_round"] == 3.0
+    assert table["graphs"]["small"] == {"us_per_round": 10.0, "launches_per_round": 0.5,
+                                        "top": [{"kernel": "tiny", "us_per_round": 10.0, "per_round": 0.5}]}
+    assert table["outside_graphs"]["topk"] == {"us_per_round": 100.0, "launches_per_round": 1.0,
+                                               "top": [{"kernel": "k", "us_per_round": 100.0, "per_round": 1.0}]}
+    assert table["outside_graphs"]["other"]["us_per_round"] == 20.0
+    with pytest.raises(ValueError, match="rounds must be positive"):
+        kernel_table(two_rounds(), rounds=0)
+    trace = tmp_path / "t.trace.json"
+    trace.write_text(json.dumps(two_rounds()))
+    assert main([str(trace), "--rounds", "2"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["summary"] == summarize(two_rounds(), rounds=2)
+    assert printed["kernels"] == kernel_table(two_rounds(), rounds=2)
 
 
 def test_overlapping_gpu_work_counts_once_and_bad_input_is_refused(tmp_path: Path) -> None:

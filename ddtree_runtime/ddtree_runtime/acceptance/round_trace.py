@@ -16,8 +16,10 @@ figures are per decode round (the caller says how many rounds the window holds).
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -139,6 +141,62 @@ def summarize(events: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any
     }
 
 
+def kernel_table(events: Sequence[Mapping[str, Any]], rounds: int, top: int = 12) -> dict[str, Any]:
+    """GPU microseconds and launches per round by kernel: per CUDA graph kind (a replay is ``small`` or ``large``
+    by its GPU time, below or above half the largest replay: a DFlash round replays a draft and a verify graph), and
+    for work outside graphs by stage; the ``top`` kernels of each."""
+    if rounds <= 0:
+        raise ValueError(f"rounds must be positive, got {rounds}")
+    launches = {e.get("args", {}).get("correlation"): e for e in _complete(events, LAUNCH_CATEGORIES)}
+    ranges = [StageRange(str(e["name"]), e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+              for e in _complete(events, frozenset({"user_annotation"}))
+              if str(e.get("name", "")).startswith(RANGE_PREFIX)]
+    replays: dict[Any, list[Mapping[str, Any]]] = {}
+    eager: dict[str, dict[str, list[float]]] = {}
+    for event in _complete(events, GPU_CATEGORIES):
+        launch = launches.get(event.get("args", {}).get("correlation"))
+        if launch is not None and launch.get("name") in GRAPH_LAUNCHES:
+            replays.setdefault(launch["args"]["correlation"], []).append(event)
+            continue
+        cell = eager.setdefault(_stage_of(launch, ranges), {}).setdefault(str(event["name"]), [0.0, 0])
+        cell[0] += float(event["dur"])
+        cell[1] += 1
+    largest = max((sum(float(e["dur"]) for e in replay) for replay in replays.values()), default=0.0)
+    graphs: dict[str, dict[str, list[float]]] = {}
+    for replay in replays.values():
+        kind = "large" if sum(float(e["dur"]) for e in replay) > largest / 2 else "small"
+        for event in replay:
+            cell = graphs.setdefault(kind, {}).setdefault(str(event["name"]), [0.0, 0])
+            cell[0] += float(event["dur"])
+            cell[1] += 1
+
+    def rows(kernels: Mapping[str, list[float]]) -> dict[str, Any]:
+        ranked = sorted(kernels.items(), key=lambda item: -item[1][0])
+        return {"us_per_round": round(sum(c[0] for c in kernels.values()) / rounds, 1),
+                "launches_per_round": round(sum(c[1] for c in kernels.values()) / rounds, 2),
+                "top": [{"kernel": name[:120], "us_per_round": round(c[0] / rounds, 1),
+                         "per_round": round(c[1] / rounds, 2)} for name, c in ranked[:top]]}
+
+    return {"graphs": {kind: rows(k) for kind, k in sorted(graphs.items())},
+            "outside_graphs": {stage: rows(k) for stage, k in sorted(eager.items())}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ddtree_runtime.acceptance.round_trace TRACE [--rounds N]``: the summary and the kernel table of a
+    kept trace, as JSON."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--rounds", type=int, default=None, help="decode rounds in the trace (default: the profile's)")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args(argv)
+    rounds = args.rounds or PROFILE_ROUNDS
+    events = load_trace(args.trace)
+    json.dump({"summary": summarize(events, rounds), "kernels": kernel_table(events, rounds, args.top)}, sys.stdout,
+              indent=1)
+    print()
+    return 0
+
+
 PROFILE_ROUNDS = 40
 """Decode rounds each profile covers (SGLang's ``num_steps``: the profiler stops itself after them)."""
 PROFILE_NEW_TOKENS = 400
@@ -203,3 +261,7 @@ def wait_until_written(path: Path, deadline: float, settle: float = 2.0) -> None
         size = current
         time.sleep(settle)
     raise ServerError(f"{path} was still being written {TRACE_TIMEOUT_SECONDS:g} s after the profiled request")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
