@@ -8,7 +8,13 @@ import itertools
 import pytest
 import torch
 from ddtree_runtime.sglang import compat, register, registration_error
-from ddtree_runtime.sglang.config import MAX_BUDGET, DDTreeConfigError, resolve_settings
+from ddtree_runtime.sglang.config import (
+    MAX_BUDGET,
+    REQUIRED_SERVER_ARG_FIELDS,
+    DDTreeConfigError,
+    required_server_args,
+    resolve_settings,
+)
 from ddtree_runtime.sglang.server_args_rules import refuse_mamba_tracking
 from ddtree_runtime.sglang.tree_inputs import (
     accepted_first_order,
@@ -51,6 +57,25 @@ def test_settings_defaults_match_the_dflash_chain_width() -> None:
 def test_settings_refuse_draft_lengths_outside_the_drafter_block(draft_tokens: int) -> None:
     with pytest.raises(DDTreeConfigError, match=r"2\.\.16"):
         resolve_settings(draft_tokens, {})
+
+
+def test_the_server_args_ddtree_sets_are_what_a_command_line_leaves_open() -> None:
+    settings = resolve_settings(16, {"DDTREE_BUDGET": "64"})
+    assert required_server_args({}, settings) == {
+        "speculative_num_draft_tokens": 16, "speculative_num_steps": 1, "speculative_eagle_topk": 2,
+        "max_running_requests": 48, "page_size": 1, "attention_backend": "triton",
+        "speculative_draft_attention_backend": "triton", "linear_attn_verify_backend": "triton"}
+    stated = {"speculative_num_draft_tokens": 16, "speculative_num_steps": 1, "speculative_eagle_topk": 2,
+              "max_running_requests": 16, "page_size": 1, "attention_backend": "flashinfer",
+              "speculative_draft_attention_backend": "flashinfer", "linear_attn_verify_backend": "triton"}
+    assert set(stated) == set(REQUIRED_SERVER_ARG_FIELDS)
+    assert required_server_args(stated, settings) == {}, "a unit that states them all is served as written"
+    # the two DDTREE always decides are overridden; the drafter follows the target's attention backend
+    assert required_server_args({"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                                 "attention_backend": "flashinfer"}, settings) == {
+        "speculative_num_draft_tokens": 16, "speculative_num_steps": 1, "speculative_eagle_topk": 2,
+        "max_running_requests": 48, "page_size": 1, "speculative_draft_attention_backend": "flashinfer",
+        "linear_attn_verify_backend": "triton"}
 
 
 def test_budget_is_capped_at_the_tree_kernels_largest_tree() -> None:

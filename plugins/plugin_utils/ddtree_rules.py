@@ -96,3 +96,28 @@ def mamba_tracking_problem(draft_tokens: object, budget: object, topk: object,
         return f"mamba-track-interval must be an integer, got {interval!r}"
     strategy = server_flags.get("mamba-radix-cache-strategy")
     return config.mamba_tracking_problem(settings, None if strategy is None else str(strategy), track)
+
+
+def required_flags(server_flags: Mapping[str, object], draft_tokens: object, budget: object,
+                   topk: object) -> dict[str, object]:
+    """The flags (SGLang 0.5.23 names, without the leading ``--``) the plugin would set on a DDTREE server started with
+    ``server_flags`` (``ddtree_runtime.sglang.config.required_server_args``): the release's unit states them, so that
+    ``systemctl cat`` shows what serves. Raises ValueError when the plugin would refuse the settings."""
+    config = settings_module()
+    problem = settings_problem(draft_tokens, budget, topk)
+    if problem is not None:
+        raise ValueError(problem)
+    settings = config.resolve_settings(int(str(draft_tokens)),
+                                       {config.ENV_BUDGET: str(budget), config.ENV_TOPK: str(topk)})
+    given = {field: _flag_value(server_flags.get(field.replace("_", "-")))
+             for field in config.REQUIRED_SERVER_ARG_FIELDS}
+    required = config.required_server_args(given, settings)
+    return {field.replace("_", "-"): value for field, value in required.items()}
+
+
+def _flag_value(value: object) -> object:
+    """A flag's value as SGLang's parser would hold it: integers as int (Jinja hands them over as text)."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value)
+    return int(text) if text.lstrip("-").isdigit() else text

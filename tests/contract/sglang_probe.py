@@ -6,6 +6,7 @@
 - ``plugins``: the ``sglang.srt.plugins`` entry points, then ``load_plugins()`` and what ``DDTREE`` resolves to;
 - ``plugins-as VERSION``: the same with SGLang reporting another version (the version guard must refuse);
 - ``parse -- ARGV...``: ``prepare_server_args(ARGV)`` after ``load_plugins()`` (a parse error exits 2);
+- ``handle-changes -- ARGV...``: parse, then what DDTREE's validate/handle changed of the fields it decides;
 - ``resolve-spec -- ARGV...``: parse, then run DDTREE's validate/handle through SGLang's own recorder
   (``record_foreign_defaults``) and report the declared resolutions and the two widths;
 - ``hooks``: the hook targets after ``load_plugins()`` are the plugin's wrappers, and the worker class;
@@ -145,6 +146,23 @@ def _acceptance_models() -> Iterator[tuple[Path, Path]]:
         for shape in SHAPES:
             write_shape_pair(shape, models)
         yield models, target
+
+
+def cmd_handle_changes(argv: list[str]) -> dict[str, Any]:
+    """The fields DDTREE decides (``REQUIRED_SERVER_ARG_FIELDS``): as ``argv`` gives them, and as they resolve once the
+    plugin's own validate/handle ran through SGLang's recorder; ``changed`` holds those the plugin decided."""
+    from ddtree_runtime.sglang.config import REQUIRED_SERVER_ARG_FIELDS
+    from sglang.srt.arg_groups.overrides import record_foreign_defaults, resolution_result
+
+    args = _parse(argv)
+    args.device = "cuda"  # what the GPU host resolves; device detection needs an accelerator
+    algorithm = _loaded().from_string(args.speculative_algorithm)
+    given = {field: getattr(args, field, None) for field in REQUIRED_SERVER_ARG_FIELDS}
+    record_foreign_defaults(args, "contract.validate", algorithm.validate_server_args)
+    record_foreign_defaults(args, "contract.handle", algorithm.handle_server_args)
+    resolved = {field: resolution_result(args, field) for field in REQUIRED_SERVER_ARG_FIELDS}
+    changed = {field: [given[field], resolved[field]] for field in resolved if given[field] != resolved[field]}
+    return {"given": given, "resolved": resolved, "changed": changed}
 
 
 def cmd_acceptance_commands(_unused: list[str]) -> dict[str, Any]:
@@ -470,7 +488,7 @@ def cmd_greedy_verify(argv: list[str]) -> dict[str, Any]:
 
 
 COMMANDS = {"plugins": cmd_plugins, "plugins-as": cmd_plugins_as, "parse": cmd_parse,
-            "resolve-spec": cmd_resolve_spec, "hooks": cmd_hooks,
+            "resolve-spec": cmd_resolve_spec, "handle-changes": cmd_handle_changes, "hooks": cmd_hooks,
             "algorithm-interface": cmd_algorithm_interface, "verify-mask": cmd_verify_mask,
             "commit-features": cmd_commit_features, "smoke-request": cmd_smoke_request,
             "greedy-verify": cmd_greedy_verify, "acceptance-commands": cmd_acceptance_commands,

@@ -156,6 +156,31 @@ def test_ddtree_release_selects_the_plugin_and_its_knobs(rendered: Path, run_pro
     assert spec["max_draft_tokens"] == max(budget + 1, production["pivot_ddtree_draft_tokens"])
 
 
+def test_the_ddtree_unit_states_every_setting_the_plugin_decides(rendered: Path, run_probe: ProbeRunner) -> None:
+    """`systemctl cat` shows what serves: each field the plugin sets or overrides at start is on the unit's command
+    line with the value SGLang holds once its argument resolution (the plugin's handler included) has run."""
+    release_dir = rendered / "releases" / "ddtree"
+    argv = exec_start_argv(release_dir / "sglang.service")
+    outcome = run_probe("handle-changes", argv[3:], env=environment_of(release_dir))
+    assert outcome["changed"] == {}, "the plugin decides settings the unit does not state"
+    for field, value in outcome["resolved"].items():
+        flag = "--" + field.replace("_", "-")
+        assert flag in argv, f"{flag} is not on the unit's command line"
+        assert argv[argv.index(flag) + 1] == str(value), (flag, argv[argv.index(flag) + 1], value)
+
+
+def test_a_command_line_that_leaves_them_open_serves_with_the_plugins_values(run_probe: ProbeRunner) -> None:
+    """Why the unit states them: on a bare DDTREE command line SGLang ends with the plugin's values (triton attention
+    for the target and the drafter, page size 1, one draft step, the tree's topk), none of which the line says."""
+    outcome = run_probe("handle-changes", ["--model-path", "/m", "--speculative-algorithm", "DDTREE",
+                                           "--speculative-draft-model-path", "/d"], env={"SGLANG_PLUGINS": "ddtree"})
+    assert outcome["changed"] == {
+        "speculative_num_draft_tokens": [None, 16], "speculative_num_steps": [None, 1],
+        "speculative_eagle_topk": [None, 2], "max_running_requests": [None, 48], "page_size": [None, 1],
+        "attention_backend": [None, "triton"], "speculative_draft_attention_backend": [None, "triton"],
+        "linear_attn_verify_backend": [None, "triton"]}, outcome
+
+
 def test_a_misspelt_flag_is_caught_by_the_same_parser(run_probe: ProbeRunner) -> None:
     failed = run_probe("parse", ["--model-path", "/m", "--speculative-algorithm", "DDTREE",
                                  "--mamba-scheduler-strategy", "extra_buffer"], expect_rc=2)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 MAX_DRAFT_TOKENS = 16
 """Largest DFlash block the published drafters are trained with (z-lab b16)."""
@@ -33,6 +34,19 @@ DEFAULT_MAMBA_TRACK_INTERVAL = 256
 keeps a copy of its linear-attention state."""
 MAMBA_TRACKING_STRATEGIES = ("extra_buffer", "extra_buffer_lazy")
 """``--mamba-radix-cache-strategy`` values whose state copies follow ``--mamba-track-interval``."""
+
+DEFAULT_ATTENTION_BACKEND = "triton"
+"""The attention backend DDTREE takes when none is given (SGLang's default on Hopper, FA3, cannot verify trees)."""
+DEFAULT_LINEAR_ATTN_VERIFY_BACKEND = "triton"
+"""Hybrid (GDN) targets: SGLang's FlashInfer GDN verify refuses tree links (``retrieve_parent_token``)."""
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+"""What SGLang's DFLASH handler defaults ``max_running_requests`` to; DDTREE verifies more tokens per request."""
+
+REQUIRED_SERVER_ARG_FIELDS = (
+    "speculative_num_draft_tokens", "speculative_num_steps", "speculative_eagle_topk", "max_running_requests",
+    "page_size", "attention_backend", "speculative_draft_attention_backend", "linear_attn_verify_backend",
+)
+"""The SGLang ``ServerArgs`` fields :func:`required_server_args` decides."""
 
 
 class DDTreeConfigError(ValueError):
@@ -152,3 +166,37 @@ def mamba_tracking_problem(settings: DDTreeSettings, strategy: str | None, inter
             f"hybrid target's --mamba-radix-cache-strategy {strategy}: pass --mamba-track-interval "
             f"{mamba_track_interval_for(settings)} (a multiple of the page size, at least the verify width), or use a "
             f"budget of at most {track - 1}")
+
+
+def required_server_args(given: Mapping[str, Any], settings: DDTreeSettings) -> dict[str, Any]:
+    """The SGLang ``ServerArgs`` fields DDTREE sets, with their values, given the fields a server was started with
+    (``given``: field -> value, None or absent when not set): those left unset get DDTREE's defaults, and the two it
+    always decides (one draft step; the tree ``topk`` the attention backends see) get its values where they differ.
+
+    The plugin's ``handle_server_args`` writes exactly these; the release's unit states them on its command line, so
+    that what ``systemctl cat`` shows is what serves (then this returns nothing for it).
+    """
+    required: dict[str, Any] = {}
+
+    def unset(field: str) -> bool:
+        return given.get(field) is None
+
+    if unset("speculative_num_draft_tokens"):
+        required["speculative_num_draft_tokens"] = settings.draft_tokens
+    if given.get("speculative_num_steps") != 1:
+        required["speculative_num_steps"] = 1
+    if given.get("speculative_eagle_topk") != settings.verify_topk:
+        required["speculative_eagle_topk"] = settings.verify_topk
+    if unset("max_running_requests"):
+        required["max_running_requests"] = DEFAULT_MAX_RUNNING_REQUESTS
+    if unset("page_size"):
+        required["page_size"] = 1
+    attention = DEFAULT_ATTENTION_BACKEND if unset("attention_backend") else given["attention_backend"]
+    if unset("attention_backend"):
+        required["attention_backend"] = attention
+    # The drafter runs its block through the same tree-capable backend (DFLASH's resolver is not called for DDTREE).
+    if unset("speculative_draft_attention_backend"):
+        required["speculative_draft_attention_backend"] = attention
+    if unset("linear_attn_verify_backend"):
+        required["linear_attn_verify_backend"] = DEFAULT_LINEAR_ATTN_VERIFY_BACKEND
+    return required

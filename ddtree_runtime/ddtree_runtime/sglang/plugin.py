@@ -24,19 +24,15 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from sglang.srt.speculative.spec_registry import get_spec as registered_algorithm
 
 from ddtree_runtime.sglang import compat
-from ddtree_runtime.sglang.config import DDTreeSettings, resolve_settings
-from ddtree_runtime.sglang.server_args_rules import (
-    DEFAULT_LINEAR_ATTN_VERIFY_BACKEND,
-    SUPPORTED_ATTENTION_BACKENDS,
-    settings_from_args,
-    validate_server_args,
+from ddtree_runtime.sglang.config import (
+    REQUIRED_SERVER_ARG_FIELDS,
+    DDTreeSettings,
+    required_server_args,
+    resolve_settings,
 )
+from ddtree_runtime.sglang.server_args_rules import settings_from_args, validate_server_args
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_RUNNING_REQUESTS = 48
-"""What SGLang's DFLASH handler defaults ``max_running_requests`` to; DDTREE verifies more tokens per request."""
-
 
 def published_settings() -> DDTreeSettings:
     """The settings of this server, from SGLang's published speculative config and the environment."""
@@ -57,26 +53,11 @@ def ddtree_is_active() -> bool:
 
 
 def handle_server_args(server_args: Any) -> None:
-    """What DDTREE needs set (runs on SGLang's recorder; every write is declared as a resolution)."""
-    settings = settings_from_args(server_args)
-    if getattr(server_args, "speculative_num_draft_tokens", None) is None:
-        server_args.speculative_num_draft_tokens = settings.draft_tokens
-    if getattr(server_args, "speculative_num_steps", None) != 1:
-        server_args.speculative_num_steps = 1
-    # topk > 1 makes FA3 read the custom mask and the hybrid GDN backend run its tree-aware scan.
-    if getattr(server_args, "speculative_eagle_topk", None) != settings.verify_topk:
-        server_args.speculative_eagle_topk = settings.verify_topk
-    if getattr(server_args, "max_running_requests", None) is None:
-        server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
-    if getattr(server_args, "page_size", None) is None:
-        server_args.page_size = 1
-    if getattr(server_args, "attention_backend", None) is None:
-        server_args.attention_backend = SUPPORTED_ATTENTION_BACKENDS[0]
-    # The drafter runs its block through the same tree-capable backend (DFLASH's resolver is not called for DDTREE).
-    if getattr(server_args, "speculative_draft_attention_backend", None) is None:
-        server_args.speculative_draft_attention_backend = server_args.attention_backend
-    if getattr(server_args, "linear_attn_verify_backend", None) is None:
-        server_args.linear_attn_verify_backend = DEFAULT_LINEAR_ATTN_VERIFY_BACKEND
+    """What DDTREE needs set (runs on SGLang's recorder; every write is declared as a resolution):
+    :func:`ddtree_runtime.sglang.config.required_server_args`, the rule the release's unit is rendered with."""
+    given = {field: getattr(server_args, field, None) for field in REQUIRED_SERVER_ARG_FIELDS}
+    for field, value in required_server_args(given, settings_from_args(server_args)).items():
+        setattr(server_args, field, value)
 
 
 class DDTreeSpecAlgo(CustomSpecAlgo):

@@ -11,9 +11,16 @@ from typing import Any
 
 from ddtree_runtime.model_layout import pair_problem
 from ddtree_runtime.sglang import compat
-from ddtree_runtime.sglang.config import DDTreeConfigError, DDTreeSettings, mamba_tracking_problem, resolve_settings
+from ddtree_runtime.sglang.config import (
+    DEFAULT_ATTENTION_BACKEND,
+    DEFAULT_LINEAR_ATTN_VERIFY_BACKEND,
+    DDTreeConfigError,
+    DDTreeSettings,
+    mamba_tracking_problem,
+    resolve_settings,
+)
 
-SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
+SUPPORTED_ATTENTION_BACKENDS = (DEFAULT_ATTENTION_BACKEND, "flashinfer")
 """Backends whose TARGET_VERIFY path applies a custom tree mask sized by the verify width, read in 0.5.23's source
 (only triton has served DDTREE on a GPU so far). FA3 (SGLang's default on Hopper) and FA4 size their verify buffers
 with the draft length and index a missing mask in the drafter (read in the source, not run); trtllm_mha rejects
@@ -22,9 +29,6 @@ with the draft length and index a missing mask in the drafter (read in the sourc
 ATTENTION_BACKEND_FLAGS = (
     "attention_backend", "prefill_attention_backend", "decode_attention_backend", "speculative_draft_attention_backend",
 )
-
-DEFAULT_LINEAR_ATTN_VERIFY_BACKEND = "triton"
-"""Hybrid (GDN) targets: SGLang's FlashInfer GDN verify refuses tree links (``retrieve_parent_token``)."""
 
 
 def settings_from_args(server_args: Any) -> DDTreeSettings:

@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key")
     p.add_argument("--served-model-name")
     p.add_argument("--attention-backend")
+    p.add_argument("--speculative-draft-attention-backend")
+    p.add_argument("--linear-attn-verify-backend")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--cuda-graph-max-bs-decode", type=int)
     p.add_argument("--disable-cuda-graph", action="store_true")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.pivot.ops.plugins.filter.answer_agreement import answer_agreement
+from ansible_collections.pivot.ops.plugins.filter.ddtree_required_flags import ddtree_required_flags
 from ansible_collections.pivot.ops.plugins.filter.ddtree_settings_problem import ddtree_settings_problem
 from ansible_collections.pivot.ops.plugins.filter.partial_run_tags import partial_run_tags, pivot_roles
 
@@ -23,6 +24,27 @@ from ansible_collections.pivot.ops.plugins.filter.partial_run_tags import partia
 def test_the_plugins_own_rule_decides(draft: object, budget: object, topk: object, expected: str) -> None:
     problem = ddtree_settings_problem(draft, budget, topk)
     assert (problem == "") if expected == "" else (expected in problem)
+
+
+def test_the_flags_the_plugin_would_set_are_named_for_the_unit() -> None:
+    # the production release: common flags give max-running-requests; Jinja hands numbers over as text
+    flags = {"max-running-requests": "16", "speculative-algorithm": "DDTREE", "speculative-num-draft-tokens": "16"}
+    assert ddtree_required_flags(flags, "16", "64", "8") == {
+        "speculative-num-steps": 1, "speculative-eagle-topk": 2, "page-size": 1, "attention-backend": "triton",
+        "speculative-draft-attention-backend": "triton", "linear-attn-verify-backend": "triton"}
+    stated = flags | ddtree_required_flags(flags, 16, 64, 8)
+    assert ddtree_required_flags(stated, 16, 64, 8) == {}, "once stated, nothing is left for the plugin to decide"
+    # a user's flashinfer: the drafter follows it; an EAGLE-style topk is overridden
+    chosen = ddtree_required_flags(stated | {"attention-backend": "flashinfer", "speculative-eagle-topk": 1,
+                                             "speculative-draft-attention-backend": None}, 16, 64, 8)
+    assert chosen == {"speculative-eagle-topk": 2, "speculative-draft-attention-backend": "flashinfer"}
+
+
+def test_flags_for_settings_the_plugin_refuses_are_refused_in_its_words() -> None:
+    with pytest.raises(AnsibleFilterError, match="The DDTree plugin would refuse this release: .*got 17"):
+        ddtree_required_flags({}, 17, 64, 8)
+    with pytest.raises(AnsibleFilterError, match="expects the release's flags as a dict, got list"):
+        ddtree_required_flags([], 16, 64, 8)
 
 
 def test_identical_answers_agree_fully() -> None:
