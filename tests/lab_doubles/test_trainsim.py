@@ -358,6 +358,19 @@ def test_out_of_gpu_memory_fails_like_cuda(trainsim):
     assert "torch.OutOfMemoryError: CUDA out of memory on GPU 0" in trainsim.stdout_file.read_text()
 
 
+def test_a_full_checkpoint_disk_ends_the_save_and_the_trainer_with_enospc_in_its_log(trainsim):
+    trainer = trainsim.start("--disk-room-mib", "0.001")
+    trainsim.wait_for_step(2)
+    trainer.send_signal(signal.SIGUSR1)
+    assert trainer.wait(timeout=20) == 1
+    logged = trainsim.wait_for_log("ERROR: training stopped at global step")
+    assert "OSError: [Errno 28] No space left on device" in logged and str(trainsim.checkpoint_dir) in logged
+    assert "OSError: [Errno 28] No space left on device" in trainsim.stdout_file.read_text(), "the traceback"
+    assert trainsim.complete_steps() == [], "a save cut short leaves no complete checkpoint"
+    [partial] = list(trainsim.checkpoint_dir.iterdir())
+    assert not (partial / "COMPLETE").exists() and not (partial / "trainer_state.json").exists()
+
+
 def test_orphan_worker_keeps_gpu_memory_after_the_trainer_exits(trainsim, processes):
     trainer = trainsim.start("--orphan", "--orphan-gpu-mib", "2048")
     line = trainsim.wait_for_log("Started dataloader worker pid")

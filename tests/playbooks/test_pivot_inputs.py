@@ -10,6 +10,7 @@ from collections.abc import Callable
 import labctl
 import pivotlab
 import pytest
+import stopwatch
 import yaml
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_up")]
@@ -80,7 +81,7 @@ def test_a_training_container_that_does_not_run_is_named_before_anything_is_touc
     after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
     pivotlab.assert_training_untouched(job, after_training)
     pivotlab.assert_serving_untouched(baseline, after_serving)
-    assert after_training.lock is None and after_serving.lock is None
+    assert (after_training.lock, after_serving.lock) == (job.lock, baseline.lock), "no lock was taken or released"
 
 
 @pytest.mark.parametrize(("playbook", "limit"), [
@@ -103,6 +104,38 @@ def test_limit_is_refused_before_anything_is_touched(
     pivotlab.assert_training_untouched(job, after_training)
     pivotlab.assert_serving_untouched(baseline, after_serving)
     assert after_training.lock is None and after_serving.lock is None
+
+
+# How long ct200 takes no connection from its node (its sshd stopped, every session ended): the lab's `pct` stand-in
+# then reports the container as stopped, and `pct exec` fails with 255, as on a node whose container is down.
+STOPPED_S = 45
+
+
+def test_a_stopped_training_container_is_named_before_anything_is_touched(
+    training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """The container of the inventory exists but does not run (the node says "status: stopped"): named from the node
+    before any phase, not "Failed to create temporary directory"."""
+    job = training()
+    down = labctl.pct_exec(["sh", "-c", labctl.sshd_outage(STOPPED_S)])
+    assert down.rc == 0, down.stderr
+    try:
+        stopwatch.wait_until(lambda: "status: stopped" in labctl.ssh("pve", "/usr/sbin/pct status 200").stdout, 20,
+                             "ct200 reported stopped by its node")
+        run = pivotlab.run_playbook("pivot.yml")
+    finally:
+        stopwatch.wait_until(lambda: labctl.pct_exec(["true"]).rc == 0, STOPPED_S + 60, "ct200 running again")
+
+    assert run.rc != 0, run.summary()
+    assert "ct200 is Proxmox container 200 on the node" in run.message, run.summary()
+    assert 'and it does not run: `pct status 200` there says "status: stopped"' in run.message, run.summary()
+    assert "Start it (`pct start 200` on the node)" in run.message, run.summary()
+    assert "Failed to create temporary directory" not in run.stderr + json.dumps(run.result)
+    assert run.report is None, "refused before any phase"
+    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
+    pivotlab.assert_training_untouched(job, after_training)
+    pivotlab.assert_serving_untouched(baseline, after_serving)
+    assert (after_training.lock, after_serving.lock) == (job.lock, baseline.lock), "no lock was taken or released"
 
 
 def test_missing_drafter_fails_in_preflight_and_touches_nothing(

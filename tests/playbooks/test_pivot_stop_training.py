@@ -89,6 +89,33 @@ def test_a_forced_stop_says_the_work_it_lost_in_the_result_and_the_last_message(
     assert closing == [f"{run.report['result']} (report: {run.report['report']})"], closing
 
 
+def test_a_checkpoint_that_fills_the_disk_is_named_as_a_full_disk(
+    training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
+) -> None:
+    """The disk fills during the requested save (after the preflight found room): the trainer dies with ENOSPC. The
+    stop says so from the training log, instead of only "no checkpoint"; nothing after it runs."""
+    job = training("--disk-room-mib", "0.01")  # a lab checkpoint is about 25 KiB
+
+    run = pivotlab.run_playbook("pivot.yml")
+
+    assert run.rc != 0, run.summary()
+    assert "Phase 'stop_training' failed on ct200" in run.message, run.summary()
+    assert "Every process of the job exited during the checkpoint wait" in run.message, run.summary()
+    checkpoints = production_checkpoint_settings()["path"]
+    said = re.search(r"The training log says the disk is full: (.+)\. Free space where the checkpoints go "
+                     rf"\({re.escape(checkpoints)}, [\d.]+ GiB free now\) before the next try\.", run.message)
+    assert said, run.summary()
+    assert "OSError: [Errno 28] No space left on device" in said.group(1)
+    assert "Nothing was stopped by this module." in run.message
+    assert run.phase_names()[-1] == "stop_training", "nothing after the failed stop may run"
+    after = pivotlab.training_state()
+    assert after.pids == set(), "the trainer died of the full disk"
+    assert {name for name, complete in after.checkpoints.items() if complete} == {
+        name for name, complete in job.checkpoints.items() if complete}, "no new complete checkpoint"
+    serving = pivotlab.serving_state()
+    assert (serving.current, serving.unit, serving.server) == (baseline.current, baseline.unit, baseline.server)
+
+
 # --- progress ------------------------------------------------------------------------------------------------------
 
 SLOW_CHECKPOINT_S = 40

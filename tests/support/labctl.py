@@ -55,6 +55,15 @@ def pct_exec(argv: list[str], *, stdin: str | None = None, timeout: float = 60) 
     return ssh("pve", quoted, stdin=stdin, timeout=timeout)
 
 
+def sshd_outage(seconds: int) -> str:
+    """A shell command for a lab host: a second later its sshd stops and every SSH session to it ends (what a network
+    partition, or a stopped container, looks like from outside), and ``seconds`` later sshd starts again. The timers
+    fire within 100 ms (a transient timer's default accuracy is a minute)."""
+    timer = "systemd-run --quiet --timer-property=AccuracySec=100ms"
+    return (f"{timer} --on-active=1 sh -c 'systemctl stop ssh.service; pkill -f \"^sshd: \"' && "
+            f"{timer} --on-active={seconds} systemctl start ssh.service")
+
+
 def _shell_quote(arg: str) -> str:
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 

@@ -27,6 +27,7 @@ directory as complete when ``trainer_state.json`` (written last) parses with its
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -115,18 +116,36 @@ def _chunks(payload: bytes, count: int) -> list[bytes]:
     return [payload[offset : offset + size] for offset in range(0, len(payload), size)]
 
 
-def _write_in_chunks(path: Path, chunks: list[bytes], pause: Callable[[], None]) -> None:
+class DiskRoom:
+    """What is left on the checkpoint disk for this save (None: plenty); a write beyond it fails as a full disk does."""
+
+    def __init__(self, room_bytes: int | None) -> None:
+        self.left = room_bytes
+
+    def take(self, path: Path, size: int) -> None:
+        if self.left is None:
+            return
+        if size > self.left:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self.left -= size
+
+
+def _write_in_chunks(path: Path, chunks: list[bytes], pause: Callable[[], None], room: DiskRoom) -> None:
     with open(path, "wb") as handle:
         for chunk in chunks:
+            room.take(path, len(chunk))
             handle.write(chunk)
             handle.flush()
             pause()
         os.fsync(handle.fileno())
 
 
-def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict, marker: bool = True) -> Path:
+def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict, *, marker: bool = True,
+                     room_bytes: int | None = None) -> Path:
     """Save step ``step`` under ``root``, spreading the work over ``seconds``; the marker last unless ``marker`` is
-    False."""
+    False. With ``room_bytes``, the disk fills after that many bytes of this save: OSError ENOSPC, the save cut
+    short (no marker)."""
+    room = DiskRoom(room_bytes)
     target = root / directory_name(step)
     target.mkdir(parents=True, exist_ok=True)
     (target / MARKER).unlink(missing_ok=True)
@@ -146,7 +165,7 @@ def write_checkpoint(root: Path, step: int, seconds: float, trainer_state: dict,
             time.sleep(pause_seconds)
 
     for name, parts in chunks.items():
-        _write_in_chunks(target / name, parts, pause)
+        _write_in_chunks(target / name, parts, pause, room)
     if not marker:
         _fsync_directory(target)
         _fsync_directory(root)

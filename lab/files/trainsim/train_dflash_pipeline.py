@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-on", choices=("sigusr1", "trigger", "never"), default="sigusr1")
     parser.add_argument("--trigger-file", help="default: <checkpoint-dir>/SAVE_NOW")
     parser.add_argument("--checkpoint-seconds", type=float, default=1.0, help="how long one save takes")
+    parser.add_argument("--disk-room-mib", type=float, default=None,
+                        help="the checkpoint disk fills after this many MiB of a save (ENOSPC); default: never")
     parser.add_argument("--no-marker", action="store_true",
                         help="write no COMPLETE marker (resume goes by trainer_state.json, written last)")
     parser.add_argument("--on-sigterm", choices=("exit", "ignore", "checkpoint-then-exit"), default="exit")
@@ -292,6 +294,7 @@ class Trainer:
             self.root, self.step, self.options.checkpoint_seconds,
             {"train_minutes": round(self.log.minutes(), 3), "world_size": self.rank.world_size},
             marker=not self.options.no_marker,
+            room_bytes=None if self.options.disk_room_mib is None else int(self.options.disk_room_mib * 2**20),
         )
         self.log.line(f"Checkpoint saved: {target} ({time.monotonic() - started:.1f}s)")
 
@@ -377,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     except fake_gpu.GpuOutOfMemoryError as exc:
         print(f"torch.OutOfMemoryError: {exc}", file=sys.stderr, flush=True)
         return 1
+    except OSError as exc:
+        # As a trainer's logger records the exception that ends it, in its log file as well as on stderr.
+        trainer.log.line(f"ERROR: training stopped at global step {trainer.step}: OSError: {exc}")
+        raise
     finally:
         fake_gpu.unregister()
 

@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key")
     p.add_argument("--served-model-name")
     p.add_argument("--attention-backend")
+    p.add_argument("--speculative-draft-attention-backend")
+    p.add_argument("--linear-attn-verify-backend")
     p.add_argument("--page-size", type=int)
     for flag in rel.cuda_graph_flags:
         p.add_argument(flag, type=int)
