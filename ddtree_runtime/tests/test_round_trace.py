@@ -109,8 +109,9 @@ def test_host_waits_for_the_gpu_are_counted_per_round_in_the_stage_that_waited()
     assert summarize(two_rounds(), rounds=2)["host_waits_per_round_by_stage"] == {}
 
 
-def test_the_kernel_table_splits_graph_replays_by_size_and_eager_work_by_stage(tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_kernel_table_splits_graph_replays_by_size_and_eager_work_by_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     events = [*two_rounds(), launch(3000, 77, "cudaGraphLaunch"), kernel(3010, 20, 77, name="tiny")]
     table = kernel_table(events, rounds=2)
     # replays of 300 and 400 us are "large" (above half the largest), the 20 us one "small"

@@ -34,6 +34,7 @@ from ddtree_runtime.sglang.server_args_rules import settings_from_args, validate
 
 logger = logging.getLogger(__name__)
 
+
 def published_settings() -> DDTreeSettings:
     """The settings of this server, from SGLang's published speculative config and the environment."""
     from sglang.srt.runtime_context import get_spec  # noqa: PLC0415 - published only after args resolve

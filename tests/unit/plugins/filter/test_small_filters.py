@@ -41,9 +41,9 @@ def test_the_flags_the_plugin_would_set_are_named_for_the_unit() -> None:
 
 
 def test_flags_for_settings_the_plugin_refuses_are_refused_in_its_words() -> None:
-    with pytest.raises(AnsibleFilterError, match="The DDTree plugin would refuse this release: .*got 17"):
+    with pytest.raises(AnsibleFilterError, match=r"The DDTree plugin would refuse this release: .*got 17"):
         ddtree_required_flags({}, 17, 64, 8)
-    with pytest.raises(AnsibleFilterError, match="expects the release's flags as a dict, got list"):
+    with pytest.raises(AnsibleFilterError, match=r"expects the release's flags as a dict, got list"):
         ddtree_required_flags([], 16, 64, 8)
 
 
