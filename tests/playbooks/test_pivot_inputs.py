@@ -108,7 +108,7 @@ def test_limit_is_refused_before_anything_is_touched(
 
 # How long ct200 takes no connection from its node (its sshd stopped, every session ended): the lab's `pct` stand-in
 # then reports the container as stopped, and `pct exec` fails with 255, as on a node whose container is down.
-STOPPED_S = 45
+STOPPED_S = 15
 
 
 def test_a_stopped_training_container_is_named_before_anything_is_touched(
