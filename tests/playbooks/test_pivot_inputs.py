@@ -62,6 +62,18 @@ def test_bad_input_fails_in_phase_0_and_touches_nothing(
     assert after_training.lock is None and after_serving.lock is None
 
 
+def assert_container_refusal_touched_nothing(run: pivotlab.PlaybookRun, job: pivotlab.Training,
+                                             baseline: pivotlab.Serving) -> None:
+    """A training container named as not running: no traceback of the connection, no phase, and the job, the baseline
+    and both locks as they were (an earlier failed run may have left a stale lock)."""
+    assert "Failed to create temporary directory" not in run.stderr + json.dumps(run.result)
+    assert run.report is None, "refused before any phase"
+    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
+    pivotlab.assert_training_untouched(job, after_training)
+    pivotlab.assert_serving_untouched(baseline, after_serving)
+    assert (after_training.lock, after_serving.lock) == (job.lock, baseline.lock), "no lock was taken or released"
+
+
 def test_a_training_container_that_does_not_run_is_named_before_anything_is_touched(
     training: Callable[..., pivotlab.Training], baseline: pivotlab.Serving
 ) -> None:
@@ -76,12 +88,7 @@ def test_a_training_container_that_does_not_run_is_named_before_anything_is_touc
     assert "and it does not run: `pct status 999` there says" in run.message, run.summary()
     assert "'nodes/pve/lxc/999.conf' does not exist" in run.message, run.summary()
     assert "Start it (`pct start 999` on the node) or correct proxmox_vmid" in run.message, run.summary()
-    assert "Failed to create temporary directory" not in run.stderr + json.dumps(run.result)
-    assert run.report is None, "refused before any phase"
-    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
-    pivotlab.assert_training_untouched(job, after_training)
-    pivotlab.assert_serving_untouched(baseline, after_serving)
-    assert (after_training.lock, after_serving.lock) == (job.lock, baseline.lock), "no lock was taken or released"
+    assert_container_refusal_touched_nothing(run, job, baseline)
 
 
 @pytest.mark.parametrize(("playbook", "limit"), [
@@ -130,12 +137,7 @@ def test_a_stopped_training_container_is_named_before_anything_is_touched(
     assert "ct200 is Proxmox container 200 on the node" in run.message, run.summary()
     assert 'and it does not run: `pct status 200` there says "status: stopped"' in run.message, run.summary()
     assert "Start it (`pct start 200` on the node)" in run.message, run.summary()
-    assert "Failed to create temporary directory" not in run.stderr + json.dumps(run.result)
-    assert run.report is None, "refused before any phase"
-    after_training, after_serving = pivotlab.training_state(), pivotlab.serving_state()
-    pivotlab.assert_training_untouched(job, after_training)
-    pivotlab.assert_serving_untouched(baseline, after_serving)
-    assert (after_training.lock, after_serving.lock) == (job.lock, baseline.lock), "no lock was taken or released"
+    assert_container_refusal_touched_nothing(run, job, baseline)
 
 
 def test_missing_drafter_fails_in_preflight_and_touches_nothing(
