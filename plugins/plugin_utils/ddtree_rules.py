@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 COLLECTION_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = COLLECTION_ROOT / "ddtree_runtime" / "ddtree_runtime"
@@ -73,6 +74,12 @@ def settings_problems(draft_tokens: object, budget: object, topk: object) -> lis
     return [together] if together else []
 
 
+def _served_settings(draft_tokens: object, budget: object, topk: object) -> Any:
+    """The plugin's resolved settings for values it serves (:func:`settings_problem` said nothing)."""
+    config = settings_module()
+    return config.resolve_settings(int(str(draft_tokens)), {config.ENV_BUDGET: str(budget), config.ENV_TOPK: str(topk)})
+
+
 def settings_problem(draft_tokens: object, budget: object, topk: object) -> str | None:
     """Why the plugin would refuse this draft length / budget / top-k, in its own words (every reason, joined); None
     when it serves them."""
@@ -87,8 +94,7 @@ def mamba_tracking_problem(draft_tokens: object, budget: object, topk: object,
     config = settings_module()
     if settings_problem(draft_tokens, budget, topk) is not None:
         return None
-    settings = config.resolve_settings(int(str(draft_tokens)),
-                                       {config.ENV_BUDGET: str(budget), config.ENV_TOPK: str(topk)})
+    settings = _served_settings(draft_tokens, budget, topk)
     interval = server_flags.get("mamba-track-interval")
     try:
         track = None if interval is None else int(str(interval))
@@ -107,8 +113,7 @@ def required_flags(server_flags: Mapping[str, object], draft_tokens: object, bud
     problem = settings_problem(draft_tokens, budget, topk)
     if problem is not None:
         raise ValueError(problem)
-    settings = config.resolve_settings(int(str(draft_tokens)),
-                                       {config.ENV_BUDGET: str(budget), config.ENV_TOPK: str(topk)})
+    settings = _served_settings(draft_tokens, budget, topk)
     given = {field: _flag_value(server_flags.get(field.replace("_", "-")))
              for field in config.REQUIRED_SERVER_ARG_FIELDS}
     required = config.required_server_args(given, settings)

@@ -66,6 +66,18 @@ def _complete(events: Iterable[Mapping[str, Any]], categories: frozenset[str]) -
     return [e for e in events if e.get("ph") == "X" and e.get("cat") in categories and "ts" in e and "dur" in e]
 
 
+def _launches(events: Iterable[Mapping[str, Any]]) -> dict[Any, Mapping[str, Any]]:
+    """Each launch (runtime or driver call) by its correlation id."""
+    return {e.get("args", {}).get("correlation"): e for e in _complete(events, LAUNCH_CATEGORIES)}
+
+
+def _stage_ranges(events: Iterable[Mapping[str, Any]]) -> list[StageRange]:
+    """The worker's ``ddtree.<stage>`` ranges."""
+    return [StageRange(str(e["name"]), e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            for e in _complete(events, frozenset({"user_annotation"}))
+            if str(e.get("name", "")).startswith(RANGE_PREFIX)]
+
+
 def busy_time(intervals: Sequence[Interval]) -> float:
     """Length of the union of ``intervals`` (overlapping GPU work, e.g. two streams, counts once)."""
     total, reach = 0.0, float("-inf")
@@ -99,10 +111,7 @@ def summarize(events: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any
     gpu = _complete(events, GPU_CATEGORIES)
     if not gpu:
         raise ValueError("the trace holds no GPU events (was the profiler started with the GPU activity?)")
-    launches = {e.get("args", {}).get("correlation"): e for e in _complete(events, LAUNCH_CATEGORIES)}
-    ranges = [StageRange(str(e["name"]), e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-              for e in _complete(events, frozenset({"user_annotation"}))
-              if str(e.get("name", "")).startswith(RANGE_PREFIX)]
+    launches, ranges = _launches(events), _stage_ranges(events)
     by_stage: dict[str, float] = {}
     in_graphs = 0.0
     intervals = []
@@ -147,10 +156,7 @@ def kernel_table(events: Sequence[Mapping[str, Any]], rounds: int, top: int = 12
     for work outside graphs by stage; the ``top`` kernels of each."""
     if rounds <= 0:
         raise ValueError(f"rounds must be positive, got {rounds}")
-    launches = {e.get("args", {}).get("correlation"): e for e in _complete(events, LAUNCH_CATEGORIES)}
-    ranges = [StageRange(str(e["name"]), e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-              for e in _complete(events, frozenset({"user_annotation"}))
-              if str(e.get("name", "")).startswith(RANGE_PREFIX)]
+    launches, ranges = _launches(events), _stage_ranges(events)
     replays: dict[Any, list[Mapping[str, Any]]] = {}
     eager: dict[str, dict[str, list[float]]] = {}
     for event in _complete(events, GPU_CATEGORIES):
